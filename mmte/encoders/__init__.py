@@ -1,0 +1,28 @@
+"""mmte.encoders: the shared backbone, its presets and pretrained-weight import."""
+
+from .backbone import Backbone
+from .encoder import Encoder
+from .convert import (
+    from_hf,
+    from_timm,
+    load_meta_transformer,
+    load_state_dict_file,
+    meta_transformer_to_mmte,
+    open_clip_to_mmte,
+)
+from .presets import PRESETS, BackboneConfig, get_preset, list_presets
+
+__all__ = [
+    "PRESETS",
+    "Backbone",
+    "BackboneConfig",
+    "Encoder",
+    "from_hf",
+    "from_timm",
+    "get_preset",
+    "list_presets",
+    "load_meta_transformer",
+    "load_state_dict_file",
+    "meta_transformer_to_mmte",
+    "open_clip_to_mmte",
+]

@@ -1,0 +1,128 @@
+"""Image tokenizer: ViT patch embedding, cls/register tokens and a learned position embedding that is
+resampled (bicubic) for other resolutions."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import ModalityTokenizer, TokenSeq
+
+__all__ = ["ImageTokenizer", "resample_pos_embed"]
+
+
+def _pair(x: int | tuple[int, int]) -> tuple[int, int]:
+    return (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))
+
+
+def resample_pos_embed(
+    pos: torch.Tensor, new_grid: tuple[int, int], old_grid: tuple[int, int], num_prefix: int = 0
+) -> torch.Tensor:
+    """Resample a ``[1, prefix + Gh*Gw, D]`` position embedding to another patch grid.
+
+    The prefix (cls/register) rows are kept; the grid rows are interpolated bicubically with
+    anti-aliasing (the convention timm uses, so converted models agree at any resolution).
+    """
+    if tuple(new_grid) == tuple(old_grid):
+        return pos
+    prefix, grid = pos[:, :num_prefix], pos[:, num_prefix:]
+    d = grid.shape[-1]
+    grid = grid.reshape(1, old_grid[0], old_grid[1], d).permute(0, 3, 1, 2).float()
+    grid = F.interpolate(grid, size=new_grid, mode="bicubic", antialias=True, align_corners=False)
+    grid = grid.permute(0, 2, 3, 1).reshape(1, -1, d).to(pos.dtype)
+    return torch.cat([prefix, grid], 1)
+
+
+class ImageTokenizer(ModalityTokenizer):
+    """Images ``[B, C, H, W]`` -> patch tokens.
+
+    Args:
+        dim: token width.
+        img_size: the resolution the position embedding is sized for.
+        patch_size: square or (h, w) patch.
+        in_chans: input channels (3 for RGB, 1 for infrared/X-ray variants).
+        cls_token: prepend a learned cls token.
+        num_reg_tokens: learned register tokens after the cls token.
+        pos_embed: add a learned position embedding.
+        no_embed_class: the position embedding covers only the patch grid (prefix tokens get none).
+        patch_bias: bias in the patch convolution (CLIP has none).
+        dynamic_img_size: accept other resolutions (multiples of the patch) by resampling positions.
+    """
+
+    modality = "image"
+
+    def __init__(
+        self,
+        dim: int,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int | tuple[int, int] = 16,
+        in_chans: int = 3,
+        *,
+        cls_token: bool = True,
+        num_reg_tokens: int = 0,
+        pos_embed: bool = True,
+        no_embed_class: bool = False,
+        patch_bias: bool = True,
+        dynamic_img_size: bool = True,
+        params_dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ):
+        super().__init__(dim)
+        self.img_size, self.patch_size = _pair(img_size), _pair(patch_size)
+        if any(i % p for i, p in zip(self.img_size, self.patch_size)):
+            raise ValueError(f"img_size {self.img_size} must be a multiple of patch_size {self.patch_size}")
+        self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
+        self.in_chans = in_chans
+        self.no_embed_class = no_embed_class
+        self.dynamic_img_size = dynamic_img_size
+        kw = dict(device=device, dtype=params_dtype)
+        self.proj = nn.Conv2d(in_chans, dim, self.patch_size, self.patch_size, bias=patch_bias, **kw)
+        self.cls_token = nn.Parameter(torch.empty(1, 1, dim, **kw)) if cls_token else None
+        self.reg_token = nn.Parameter(torch.empty(1, num_reg_tokens, dim, **kw)) if num_reg_tokens else None
+        self.num_prefix_tokens = int(cls_token) + num_reg_tokens
+        n_pos = self.grid_size[0] * self.grid_size[1] + (0 if no_embed_class else self.num_prefix_tokens)
+        self.pos_embed = nn.Parameter(torch.empty(1, n_pos, dim, **kw)) if pos_embed else None
+        if self.proj.weight.device.type != "meta":
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        self.proj.reset_parameters()
+        for p in (self.cls_token, self.reg_token):
+            if p is not None:
+                nn.init.normal_(p, std=1e-6)
+        if self.pos_embed is not None:
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+
+    def num_tokens(self, height: int, width: int) -> int:
+        """Token count for an image of this size: prefix + (H/ph)*(W/pw)."""
+        return self.num_prefix_tokens + (height // self.patch_size[0]) * (width // self.patch_size[1])
+
+    def forward(self, images: torch.Tensor) -> TokenSeq:
+        if images.dim() != 4 or images.shape[1] != self.in_chans:
+            raise ValueError(
+                f"{self.modality} tokenizer expects images [B, {self.in_chans}, H, W]; got shape {tuple(images.shape)}"
+            )
+        h, w = images.shape[-2:]
+        if h % self.patch_size[0] or w % self.patch_size[1]:
+            raise ValueError(f"image size {(h, w)} must be a multiple of patch_size {self.patch_size}")
+        if (h, w) != self.img_size and not self.dynamic_img_size:
+            raise ValueError(f"image size {(h, w)} differs from img_size {self.img_size} and dynamic_img_size=False")
+        x = self.proj(images)  # [B, D, gh, gw]
+        grid = tuple(x.shape[-2:])
+        x = x.flatten(2).transpose(1, 2)
+        b = x.shape[0]
+        prefix = [t.expand(b, -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        if self.pos_embed is None:
+            x = torch.cat(prefix + [x], 1)
+        elif self.no_embed_class:
+            x = x + resample_pos_embed(self.pos_embed, grid, self.grid_size, 0)
+            x = torch.cat(prefix + [x], 1)
+        else:
+            x = torch.cat(prefix + [x], 1)
+            x = x + resample_pos_embed(self.pos_embed, grid, self.grid_size, self.num_prefix_tokens)
+        return TokenSeq(x, None, self.num_prefix_tokens, extras={"grid_size": grid})
+
+
