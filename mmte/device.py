@@ -55,6 +55,8 @@ def _backend_module(device_type: str):
 def _type(device: str | torch.device | None) -> str:
     if device is None:
         return default_device().type
+    if isinstance(device, str):  # "musa" is not a torch.device string until torch_musa is imported
+        return device.split(":")[0]
     return torch.device(device).type
 
 
