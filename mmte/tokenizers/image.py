@@ -126,3 +126,38 @@ class ImageTokenizer(ModalityTokenizer):
         return TokenSeq(x, None, self.num_prefix_tokens, extras={"grid_size": grid})
 
 
+
+
+def adapt_input_channels(weight: torch.Tensor, in_chans: int) -> torch.Tensor:
+    """Adapt a pretrained patch-embedding weight ``[D, C, ...]`` to ``in_chans`` input channels.
+
+    One channel: the sum over the RGB channels (a grey image ``g`` replicated to RGB gives the same
+    output as the summed kernel applied to ``g``). Other counts: the kernel is tiled and rescaled by
+    ``C / in_chans`` (timm's convention).
+    """
+    c = weight.shape[1]
+    if in_chans == c:
+        return weight
+    if in_chans == 1:
+        return weight.sum(1, keepdim=True)
+    reps = -(-in_chans // c)
+    return weight.repeat(1, reps, *([1] * (weight.dim() - 2)))[:, :in_chans] * (c / in_chans)
+
+
+def _register() -> None:
+    from ..data.image import collate_images, example_image, preprocess_image
+    from .registry import register_modality
+
+    register_modality(
+        "image",
+        tokenizer=ImageTokenizer,
+        preprocess=preprocess_image,
+        collate=collate_images,
+        default_head={"name": "classification", "pool": "cls"},
+        example=example_image,
+        example_config={"img_size": 32, "patch_size": 16},
+        description="RGB images [B, 3, H, W]: ViT patch embedding, cls token, resampled position embedding",
+    )
+
+
+_register()

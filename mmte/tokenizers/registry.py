@@ -1,0 +1,276 @@
+"""The modality registry: one entry per modality, creatable by name.
+
+A modality is registered once, bundling everything needed to use it:
+
+* its tokenizer class (an ``nn.Module`` whose ``forward`` returns a :class:`TokenSeq`),
+* its config dataclass (by default derived from the tokenizer's keyword arguments),
+* its preprocessing (raw file / array -> one sample) and collate (samples -> batch), from :mod:`mmte.data`,
+* its default head (a head-registry name plus keyword arguments),
+* an ``example(size, seed)`` that builds one realistic preprocessed sample (used by the registry sweep
+  test and by ``mmte modalities``), and whether samples of different lengths can share a batch
+  (``variable_length``: collate pads and the tokenizer returns a padding mask).
+
+Register with the decorator::
+
+    @register_modality("wavelet", preprocess=..., collate=..., example=..., default_head={"name": "classification"})
+    class WaveletTokenizer(ModalityTokenizer):
+        ...
+
+or from another package through the entry-point group ``mmte.modalities`` (the entry point names a
+module or object whose import registers the modality; a bare tokenizer class or a
+:class:`ModalitySpec` is registered under the entry point's name). :func:`reload` rescans the group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any
+
+from torch import nn
+
+from ..registry import Registry
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "MODALITIES",
+    "ModalitySpec",
+    "UnknownModalityError",
+    "create",
+    "get_modality",
+    "list_modalities",
+    "register_modality",
+    "reload",
+]
+
+# Modules whose import registers the built-in modalities.
+_BUILTIN_MODULES = (
+    "mmte.tokenizers.text",
+    "mmte.tokenizers.image",
+    "mmte.tokenizers.infrared",
+)
+_NOT_CONFIG = {"self", "dim", "params_dtype", "device"}
+
+
+class UnknownModalityError(ValueError, KeyError):
+    """An unknown modality name (a ``ValueError`` and, for dict-like callers, a ``KeyError``)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def config_from_signature(cls: type) -> type:
+    """A dataclass whose fields are ``cls.__init__``'s keyword arguments except ``dim``/dtype/device."""
+    fields_ = []
+    for p in inspect.signature(cls.__init__).parameters.values():
+        if p.name in _NOT_CONFIG or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        ann = Any
+        if p.default is inspect.Parameter.empty:
+            fields_.append((p.name, ann))
+        elif isinstance(p.default, (list, dict, set)):
+            fields_.append((p.name, ann, field(default_factory=lambda d=p.default: type(d)(d))))
+        else:
+            fields_.append((p.name, ann, field(default=p.default)))
+    required = [f for f in fields_ if len(f) == 2]
+    optional = [f for f in fields_ if len(f) == 3]
+    return dataclasses.make_dataclass(f"{cls.__name__}Config", required + optional, frozen=True)
+
+
+@dataclass
+class ModalitySpec:
+    """Everything mmte needs to know about one modality.
+
+    Attributes:
+        name: registry name (also the default batch key).
+        tokenizer: the tokenizer class; built as ``tokenizer(dim=..., **config_fields)``.
+        config: a dataclass type holding the tokenizer's configuration.
+        preprocess: raw input (file path / array) -> one sample, or None.
+        collate: list of samples -> batch value (tensor or dict of tensors), or None (``torch.stack``).
+        default_head: ``{"name": head registry name, **head kwargs}``.
+        example: ``example(size: int, seed: int) -> sample``; ``size`` 0 is small, 1 is larger.
+        example_config: tokenizer config used with ``example`` (small sizes for tests).
+        variable_length: samples of different sizes can be collated together (padding + mask).
+        description: one line for ``mmte modalities``.
+    """
+
+    name: str
+    tokenizer: type[nn.Module]
+    config: type | None = None
+    preprocess: Callable[..., Any] | None = None
+    collate: Callable[[list[Any]], Any] | None = None
+    default_head: dict[str, Any] = field(default_factory=lambda: {"name": "classification"})
+    example: Callable[[int, int], Any] | None = None
+    example_config: dict[str, Any] = field(default_factory=dict)
+    variable_length: bool = False
+    description: str = ""
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"modality name must be a non-empty string; got {self.name!r}")
+        if not (isinstance(self.tokenizer, type) and issubclass(self.tokenizer, nn.Module)):
+            raise TypeError(f"modality {self.name!r}: tokenizer must be an nn.Module subclass; got {self.tokenizer!r}")
+        if self.config is None:
+            self.config = config_from_signature(self.tokenizer)
+        elif not dataclasses.is_dataclass(self.config):
+            raise TypeError(f"modality {self.name!r}: config must be a dataclass type; got {self.config!r}")
+        if "name" not in self.default_head:
+            raise ValueError(f"modality {self.name!r}: default_head needs a 'name'; got {self.default_head!r}")
+
+    def make_config(self, **config: Any):
+        """Validate keyword arguments against the config dataclass."""
+        names = [f.name for f in dataclasses.fields(self.config)]
+        unknown = sorted(set(config) - set(names))
+        if unknown:
+            raise ValueError(f"unknown {self.name} tokenizer option(s) {unknown}; expected some of {names}")
+        try:
+            return self.config(**config)
+        except TypeError as e:
+            raise ValueError(f"invalid {self.name} tokenizer config {config}: {e}") from None
+
+    def create(self, dim: int, **config: Any) -> nn.Module:
+        """Build the tokenizer: ``tokenizer(dim=dim, **config)`` after validation."""
+        extra = {k: config.pop(k) for k in ("params_dtype", "device") if k in config}
+        cfg = self.make_config(**config)
+        kwargs = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+        return self.tokenizer(dim=dim, **kwargs, **extra)
+
+    def collate_fn(self, samples: list[Any]) -> Any:
+        if self.collate is not None:
+            return self.collate(samples)
+        import torch
+
+        return torch.stack(list(samples))
+
+
+class _ModalityRegistry(Registry[ModalitySpec]):
+    """Registry of :class:`ModalitySpec` that imports the built-ins and plug-ins on first read."""
+
+    _builtins_loaded = False
+
+    def _load_builtins(self) -> None:
+        if _ModalityRegistry._builtins_loaded:
+            return
+        _ModalityRegistry._builtins_loaded = True
+        for mod in _BUILTIN_MODULES:
+            importlib.import_module(mod)
+
+    def _load_entry_points(self) -> None:
+        self._load_builtins()
+        if self._entry_points_loaded:
+            return
+        self._entry_points_loaded = True
+        for ep in entry_points(group=self.entry_point_group):
+            try:
+                obj = ep.load()
+            except Exception as e:  # a broken plug-in must not break the library
+                logger.warning("could not load modality entry point %r (%s): %s", ep.name, ep.value, e)
+                continue
+            if ep.name in self._items:
+                continue
+            if isinstance(obj, ModalitySpec):
+                self.register(obj.name, obj)
+            elif isinstance(obj, type) and issubclass(obj, nn.Module):
+                if not any(s.tokenizer is obj for s in self._items.values()):
+                    self.register(ep.name, ModalitySpec(ep.name, obj))
+            logger.info("loaded modality plug-in %r from %s", ep.name, ep.value)
+
+    def get(self, name: str) -> ModalitySpec:
+        self._load_entry_points()
+        if name not in self._items:
+            known = ", ".join(sorted(self._items)) or "(none)"
+            raise UnknownModalityError(f"unknown modality {name!r}; registered modalities: {known}")
+        return self._items[name]
+
+
+MODALITIES = _ModalityRegistry("modality", "mmte.modalities")
+
+
+def register_modality(
+    name: str | None = None,
+    *,
+    tokenizer: type[nn.Module] | None = None,
+    config: type | None = None,
+    preprocess: Callable[..., Any] | None = None,
+    collate: Callable[[list[Any]], Any] | None = None,
+    default_head: dict[str, Any] | None = None,
+    example: Callable[[int, int], Any] | None = None,
+    example_config: dict[str, Any] | None = None,
+    variable_length: bool = False,
+    description: str = "",
+    override: bool = False,
+):
+    """Register a modality; a class decorator, or a direct call when ``tokenizer`` is given.
+
+    Args:
+        name: registry name (default: the class's ``modality`` attribute).
+        tokenizer: the tokenizer class (direct form).
+        config, preprocess, collate, default_head, example, example_config, variable_length,
+            description: see :class:`ModalitySpec`.
+        override: replace an existing registration of the same name.
+
+    Returns:
+        the class (decorator form) or the :class:`ModalitySpec` (direct form).
+    """
+
+    def add(cls: type[nn.Module]) -> ModalitySpec:
+        key = name or getattr(cls, "modality", "") or cls.__name__
+        spec = ModalitySpec(
+            key,
+            cls,
+            config,
+            preprocess,
+            collate,
+            dict(default_head) if default_head else {"name": "classification"},
+            example,
+            dict(example_config or {}),
+            variable_length,
+            description or (inspect.getdoc(cls) or "").split("\n")[0],
+        )
+        old = MODALITIES._items.get(key)
+        same = old is not None and (old.tokenizer.__module__, old.tokenizer.__qualname__) == (cls.__module__, cls.__qualname__)
+        MODALITIES.register(key, spec, override=override or same)
+        return spec
+
+    if tokenizer is not None:
+        return add(tokenizer)
+
+    def deco(cls: type[nn.Module]) -> type[nn.Module]:
+        add(cls)
+        return cls
+
+    return deco
+
+
+def list_modalities(pattern: str = "*") -> list[str]:
+    """Names of the registered modalities (built-ins and plug-ins), sorted; ``pattern`` is a glob."""
+    return MODALITIES.list(pattern)
+
+
+def get_modality(name: str) -> ModalitySpec:
+    """The :class:`ModalitySpec` registered as ``name``.
+
+    Raises:
+        UnknownModalityError: (a ``ValueError``) naming the registered modalities.
+    """
+    return MODALITIES.get(name)
+
+
+def create(name: str, dim: int, **config: Any) -> nn.Module:
+    """Build the tokenizer of modality ``name`` with token width ``dim`` and its config options.
+
+    ``params_dtype`` and ``device`` are passed through when given.
+    """
+    return get_modality(name).create(dim, **config)
+
+
+def reload() -> list[str]:
+    """Rescan the ``mmte.modalities`` entry-point group (after installing a plug-in in this process)."""
+    MODALITIES.reload_entry_points()
+    return list_modalities()
