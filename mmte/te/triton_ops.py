@@ -408,11 +408,11 @@ class _AddNormFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, dh=None):
-        h, w, mean, rstd = ctx.saved_tensors
         has_res, has_bias, is_rms, zero_centered, shape = ctx.flags
+        if dy is None:  # only the new residual stream was used downstream: identity for x and residual
+            return dh, (dh if has_res else None), None, None, None, None, None
+        h, w, mean, rstd = ctx.saved_tensors
         M, D = h.shape
-        if dy is None:  # only the new residual stream was used downstream
-            dy = torch.zeros(shape, dtype=h.dtype, device=h.device)
         dy2 = dy.contiguous().view(-1, D)
         dh2 = dh.contiguous().view(-1, D) if dh is not None else None
         dx = torch.empty_like(h)

@@ -1,0 +1,283 @@
+"""Tests of mmte.te.triton_ops: the Triton kernels against the torch composition they replace.
+
+Triton's interpreter (``TRITON_INTERPRET=1``, kernels on CPU tensors) must be switched on before a
+kernel is built, and other tests in the same pytest process may already have imported triton. So the
+kernel checks -- the ``check_*`` functions below, which pytest does not collect by default -- run in
+one subprocess: ``test_kernels_under_triton_interpreter`` starts ``pytest`` on this file with
+``TRITON_INTERPRET=1`` and ``-o python_functions=check_*``. The ``test_*`` functions run in the main
+process and cover dispatch, the fallback and input validation.
+
+Tolerances: fp32 forward and backward within rtol 1.3e-6 / atol 1e-5 (TransformerEngine's fp32
+tolerances) of the autograd graph of the torch composition; fp16 within one fp16 rounding of it
+(rtol 2e-3, atol 2e-3; the new residual stream is compared exactly). bf16 is not checked in the
+interpreter: it converts fp32 -> bf16 by truncation, not round-to-nearest as the hardware does.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mmte.te import LayerNorm, RMSNorm
+from mmte.te import triton_ops as T
+
+REPO = Path(__file__).resolve().parents[2]
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
+FP32 = dict(rtol=1.3e-6, atol=1e-5)
+FP16 = dict(rtol=2e-3, atol=2e-3)
+
+
+# --------------------------------------------------------------------------------------------------
+# main process: the interpreter run, dispatch, fallback, validation
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install 'mmte[triton]')")
+def test_kernels_under_triton_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    env.pop("MMTE_DISABLE_TRITON", None)
+    cmd = [sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-q", "-p", "no:cacheprovider",
+           "-o", "python_functions=check_*", "-W", "ignore:overflow encountered:RuntimeWarning"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"interpreter run failed (rc {proc.returncode}):\n{out[-8000:]}"
+    assert " passed" in out and " failed" not in out and " skipped" not in out, out[-4000:]
+
+
+def test_cpu_without_interpreter_falls_back(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("MMTE_DISABLE_TRITON", raising=False)
+    x = torch.randn(2, 3, 8)
+    ok, why = T.available("cpu")
+    assert not ok and ("TRITON_INTERPRET" in why or "triton" in why)
+    assert not T.dispatches_to_triton(x)
+    with pytest.raises(RuntimeError, match="cannot run here"):
+        T.fused_add_layer_norm(x, x, torch.ones(8), None, impl="triton")
+    # "auto" runs the composition: the values of F.layer_norm / F.rms_norm / F.gelu on x + r
+    r, w, b = torch.randn(2, 3, 8), torch.randn(8), torch.randn(8)
+    y, h = T.fused_add_layer_norm(x, r, w, b, 1e-5)
+    torch.testing.assert_close(h, x + r, rtol=0, atol=0)
+    torch.testing.assert_close(y, F.layer_norm(x + r, (8,), w, b, 1e-5), rtol=0, atol=0)
+    y, h = T.fused_add_rms_norm(x, None, w, 1e-6)
+    assert h is x
+    torch.testing.assert_close(y, F.rms_norm(x, (8,), w, 1e-6), rtol=0, atol=0)
+    torch.testing.assert_close(T.bias_gelu(x, b, "tanh"), F.gelu(x + b, approximate="tanh"), rtol=0, atol=0)
+
+
+def test_disable_switch(monkeypatch):
+    monkeypatch.setenv("MMTE_DISABLE_TRITON", "1")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert T.available() == (False, "MMTE_DISABLE_TRITON=1")
+    assert not T.dispatches_to_triton(torch.randn(4, 8))
+
+
+def test_available_reports_triton(monkeypatch):
+    monkeypatch.delenv("MMTE_DISABLE_TRITON", raising=False)
+    ok, why = T.available()
+    assert ok == HAS_TRITON
+    assert (why == "") == HAS_TRITON
+
+
+def test_fp64_and_wide_rows_use_the_composition(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delenv("MMTE_DISABLE_TRITON", raising=False)
+    assert not T.dispatches_to_triton(torch.randn(2, 8, dtype=torch.float64))
+    assert not T.dispatches_to_triton(torch.randn(1, T.MAX_HIDDEN + 1))
+    assert not T.dispatches_to_triton(torch.randn(0, 8))
+
+
+@pytest.mark.parametrize(
+    "call, err, match",
+    [
+        (lambda x, w: T.fused_add_layer_norm(x, torch.randn(2, 5, 7), w, None), ValueError, r"residual must have the shape.*\(2, 5, 8\).*\(2, 5, 7\)"),
+        (lambda x, w: T.fused_add_layer_norm(x, x.double(), w, None), TypeError, "residual must have the dtype"),
+        (lambda x, w: T.fused_add_layer_norm(x, None, torch.ones(7), None), ValueError, r"weight must have shape \(8,\).*got \(7,\)"),
+        (lambda x, w: T.fused_add_layer_norm(x, None, w, torch.ones(2, 8)), ValueError, r"bias must have shape \(8,\).*got \(2, 8\)"),
+        (lambda x, w: T.fused_add_layer_norm(x, None, w, None, eps=0.0), ValueError, "eps must be a positive"),
+        (lambda x, w: T.fused_add_layer_norm(x.long(), None, w, None), TypeError, "x must be a floating-point"),
+        (lambda x, w: T.fused_add_layer_norm(x, None, None, None), ValueError, "weight must be a tensor"),
+        (lambda x, w: T.fused_add_rms_norm(x, None, w, impl="cuda"), ValueError, "impl must be one of"),
+        (lambda x, w: T.bias_gelu(x, None, approximate="erf"), ValueError, "approximate must be 'none' or 'tanh'; got 'erf'"),
+        (lambda x, w: T.bias_activation(x, None, "swiglu"), ValueError, "activation must be one of.*'swiglu'"),
+        (lambda x, w: T.bias_silu(x, torch.ones(9)), ValueError, r"bias must have shape \(8,\)"),
+        (lambda x, w: T.bias_relu([1.0], None), TypeError, "x must be a torch.Tensor"),
+    ],
+)
+def test_bad_input_raises(call, err, match):
+    with pytest.raises(err, match=match):
+        call(torch.randn(2, 5, 8), torch.ones(8))
+
+
+# --------------------------------------------------------------------------------------------------
+# inside the TRITON_INTERPRET=1 subprocess: the kernels themselves
+# --------------------------------------------------------------------------------------------------
+
+
+def _grads(out, inputs, cot):
+    """Gradients of sum(out_i * cot_i) w.r.t. the inputs that are tensors."""
+    leaves = [t for t in inputs if t is not None]
+    loss = sum((o * c).sum() for o, c in zip(out, cot) if c is not None)
+    return torch.autograd.grad(loss, leaves)
+
+
+def _leaf(*shape, scale=1.0, dtype=torch.float32):
+    return (torch.randn(*shape) * scale).to(dtype).requires_grad_()
+
+
+def _add_norm(kind, impl, x, r, w, b, eps, zc=False):
+    if kind == "layer":
+        return T.fused_add_layer_norm(x, r, w, b, eps, zero_centered_gamma=zc, impl=impl)
+    return T.fused_add_rms_norm(x, r, w, eps, zero_centered_gamma=zc, impl=impl)
+
+
+def check_interpreter_is_on():
+    x = torch.randn(3, 8)
+    assert T.available("cpu") == (True, "")
+    assert T.dispatches_to_triton(x)
+    assert "add_norm_fwd" in T._kernels()  # built for the interpreter in this process
+    assert T._interpret()
+
+
+@pytest.mark.parametrize("D", [192, 384, 100])
+@pytest.mark.parametrize("with_residual", [True, False])
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def check_add_norm_fp32(kind, with_residual, D):
+    torch.manual_seed(D + 7 * with_residual)
+    # 37 rows: several row tiles, and (backward) programs that loop over more than one tile
+    x, w = _leaf(37, D, scale=2.0), _leaf(D)
+    r = _leaf(37, D) + 0.5 if with_residual else None
+    r = r.detach().requires_grad_() if r is not None else None
+    b = _leaf(D) if kind == "layer" else None
+    args = (x, r, w, b)
+    y, h = _add_norm(kind, "triton", *args, 1e-5)
+    y_ref, h_ref = _add_norm(kind, "torch", *args, 1e-5)
+    torch.testing.assert_close(y, y_ref, **FP32)
+    torch.testing.assert_close(h, h_ref, rtol=0, atol=0)
+    if not with_residual:
+        assert h is x
+    cot = [torch.randn_like(y), torch.randn_like(y)]  # both outputs used downstream
+    for got, want in zip(_grads((y, h), args, cot), _grads((y_ref, h_ref), args, cot)):
+        torch.testing.assert_close(got, want, **FP32)
+
+
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def check_add_norm_unused_residual_output_and_3d(kind):
+    torch.manual_seed(1)
+    x, r, w = _leaf(2, 5, 64), _leaf(2, 5, 64), _leaf(64)
+    b = _leaf(64) if kind == "layer" else None
+    args = (x, r, w, b)
+    y, h = _add_norm(kind, "triton", *args, 1e-6)
+    y_ref, h_ref = _add_norm(kind, "torch", *args, 1e-6)
+    assert y.shape == h.shape == (2, 5, 64)
+    cot = [torch.randn_like(y), None]  # only the normed output reaches the loss
+    for got, want in zip(_grads((y, h), args, cot), _grads((y_ref, h_ref), args, cot)):
+        torch.testing.assert_close(got, want, **FP32)
+    # only the residual stream reaches the loss: x and r get its gradient, the norm's weight none
+    y, h = _add_norm(kind, "triton", *args, 1e-6)
+    cot = torch.randn_like(h)
+    gx, gr, gw = torch.autograd.grad((h * cot).sum(), (x, r, w), allow_unused=True)
+    torch.testing.assert_close(gx, cot, rtol=0, atol=0)
+    torch.testing.assert_close(gr, cot, rtol=0, atol=0)
+    assert gw is None or not gw.any()
+
+
+def check_layer_norm_without_bias_and_zero_centered_gamma_matches_modules():
+    torch.manual_seed(2)
+    D = 96
+    for norm, kind in ((LayerNorm(D, 1e-5, zero_centered_gamma=True, bias=False), "layer"), (RMSNorm(D, 1e-5, zero_centered_gamma=True), "rms")):
+        with torch.no_grad():
+            norm.weight.normal_(0, 0.3)
+        x, r = _leaf(4, 3, D), _leaf(4, 3, D)
+        bias = getattr(norm, "bias", None)
+        y, h = _add_norm(kind, "triton", x, r, norm.weight, bias, norm.eps, zc=True)
+        y_ref = norm(x + r)
+        torch.testing.assert_close(y, y_ref, **FP32)
+        cot = torch.randn_like(y)
+        got = torch.autograd.grad((y * cot).sum(), (x, norm.weight))
+        want = torch.autograd.grad((y_ref * cot).sum(), (x, norm.weight))
+        for g, w_ in zip(got, want):
+            torch.testing.assert_close(g, w_, **FP32)
+
+
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def check_add_norm_fp16(kind):
+    torch.manual_seed(3)
+    dt = torch.float16
+    x, r, w = _leaf(19, 100, dtype=dt), _leaf(19, 100, dtype=dt), _leaf(100, dtype=dt)
+    b = _leaf(100, dtype=dt) if kind == "layer" else None
+    args = (x, r, w, b)
+    y, h = _add_norm(kind, "triton", *args, 1e-5)
+    y_ref, h_ref = _add_norm(kind, "torch", *args, 1e-5)
+    assert y.dtype == h.dtype == dt
+    torch.testing.assert_close(h, h_ref, rtol=0, atol=0)
+    torch.testing.assert_close(y, y_ref, **FP16)
+    cot = [torch.randn_like(y), torch.randn_like(y)]
+    for got, want in zip(_grads((y, h), args, cot), _grads((y_ref, h_ref), args, cot)):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-2 if got.dim() == 1 else 2e-3)
+
+
+@pytest.mark.parametrize("N", [192, 100, 8])
+@pytest.mark.parametrize("activation", list(T.ACTIVATIONS))
+def check_bias_activation_fp32(activation, N):
+    torch.manual_seed(N)
+    x, b = _leaf(2, 13, N, scale=3.0), _leaf(N)  # wide range: the tails of gelu/sigmoid
+    y = T.bias_activation(x, b, activation, impl="triton")
+    y_ref = T.bias_activation(x, b, activation, impl="torch")
+    torch.testing.assert_close(y, y_ref, **FP32)
+    cot = [torch.randn_like(y)]
+    for got, want in zip(_grads((y,), (x, b), cot), _grads((y_ref,), (x, b), cot)):
+        torch.testing.assert_close(got, want, **FP32)
+
+
+def check_named_wrappers_and_no_bias():
+    torch.manual_seed(5)
+    x, b = _leaf(6, 40, scale=2.0), _leaf(40)
+    u = x + b
+    refs = {
+        "gelu": (T.bias_gelu(x, b, impl="triton"), F.gelu(u)),
+        "gelu_tanh": (T.bias_gelu(x, b, "tanh", impl="triton"), F.gelu(u, approximate="tanh")),
+        "quick_gelu": (T.bias_quick_gelu(x, b, impl="triton"), u * torch.sigmoid(1.702 * u)),
+        "silu": (T.bias_silu(x, b, impl="triton"), F.silu(u)),
+        "relu": (T.bias_relu(x, b, impl="triton"), F.relu(u)),
+    }
+    for name, (got, want) in refs.items():
+        torch.testing.assert_close(got, want, **FP32, msg=lambda m: f"{name}: {m}")
+    y = T.bias_gelu(x, None, impl="triton")
+    torch.testing.assert_close(y, F.gelu(x), **FP32)
+    (gx,) = torch.autograd.grad(y.sum(), x)
+    (gx_ref,) = torch.autograd.grad(F.gelu(x).sum(), x)
+    torch.testing.assert_close(gx, gx_ref, **FP32)
+
+
+def check_bias_activation_fp16():
+    torch.manual_seed(6)
+    dt = torch.float16
+    x, b = _leaf(9, 100, scale=2.0, dtype=dt), _leaf(100, dtype=dt)
+    y = T.bias_gelu(x, b, impl="triton")
+    y_ref = T.bias_gelu(x, b, impl="torch")
+    assert y.dtype == dt
+    torch.testing.assert_close(y, y_ref, **FP16)
+    cot = [torch.randn_like(y)]
+    gx, gb = _grads((y,), (x, b), cot)
+    gx_ref, gb_ref = _grads((y_ref,), (x, b), cot)
+    torch.testing.assert_close(gx, gx_ref, **FP16)
+    torch.testing.assert_close(gb, gb_ref, rtol=2e-3, atol=2e-2)
+
+
+def check_auto_dispatch_runs_the_kernel(monkeypatch):
+    """``impl="auto"`` on a CPU tensor under the interpreter must go through the Triton Functions."""
+    calls = []
+    orig_norm, orig_act = T._AddNormFn.apply, T._BiasActFn.apply
+    monkeypatch.setattr(T._AddNormFn, "apply", lambda *a: calls.append("norm") or orig_norm(*a))
+    monkeypatch.setattr(T._BiasActFn, "apply", lambda *a: calls.append("act") or orig_act(*a))
+    x = torch.randn(3, 16)
+    T.fused_add_layer_norm(x, x, torch.ones(16), torch.zeros(16))
+    T.bias_silu(x, torch.zeros(16))
+    assert calls == ["norm", "act"]
