@@ -1,0 +1,335 @@
+"""``FP8Linear``: an :class:`mmte.te.Linear` whose three GEMMs run in FP8 inside ``mmte.fp8.autocast``.
+
+A linear layer ``y = x W^T + b`` costs three GEMMs per training step, and all three run in FP8::
+
+    fprop   y  = x  . W^T      x: E4M3 (activation)      W: E4M3 (weight)
+    dgrad   dx = dy . W        dy: E5M2 under HYBRID      W: E4M3
+    wgrad   dW = dy^T . x      dy: E5M2 under HYBRID      x: E4M3
+
+Each operand is quantized along that GEMM's contraction dimension (see :mod:`mmte.fp8.gemm`). With
+per-tensor scales the forward's quantized ``x`` and ``W`` are saved and reused (transposed) by the
+backward — FP8 activations halve the memory kept for backward. Block recipes keep a 128x128-block
+weight for both GEMMs but must requantize ``x`` and ``dy`` along the token dimension for the wgrad
+(1x128 tiles run along the contraction); MXFP8 requantizes every operand for its GEMM.
+
+Everything else stays in high precision: the bias add and its gradient (a sum over tokens), the output
+(the autocast dtype, else the input's dtype) and the gradients returned to ``x`` and ``W`` (their dtypes).
+
+Shapes: ``x`` is ``[..., K]``, flattened to ``[M, K]`` rows. FP8 GEMM kernels need M, K and N to be
+multiples of 16; K and N are fixed by the layer (checked at construction), M = batch x tokens is not
+(ViT's 197 tokens). With ``recipe.pad_tokens`` the rows are zero-padded to the next multiple of 16 and
+the result sliced (zero rows change neither the amaxes nor the real rows' outputs, and their output
+gradients are zero); without it a non-divisible M raises ``ValueError`` naming the shape.
+
+Scaling state (delayed scaling) lives in buffers that ``state_dict`` saves, so a resumed run continues
+with its amax history: ``fp8_amax_history`` [3, L] (rows: input, weight, output gradient; newest first),
+``fp8_scale`` [3] and ``fp8_amax_pending`` [3] (amaxes recorded since the last update). A checkpoint
+without them (a high-precision model's) loads with fresh scaling state.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..te.linear import Linear
+from .autocast import _register_backward, _register_forward, get_fp8_context
+from .formats import FP8Dtype
+from .gemm import fp8_gemm, select_gemm
+from .quantize import QuantizedTensor, amax, quantize_blockwise, quantize_mx, quantize_tensorwise, scale_from_amax
+from .recipes import MXFP8, BlockScaling, DelayedScaling, Recipe, delayed_scale
+
+__all__ = ["FP8Linear", "ROLES"]
+
+ROLES = ("input", "weight", "grad_output")
+_IN, _W, _GRAD = 0, 1, 2
+_FP8_BUFFERS = ("fp8_amax_history", "fp8_scale", "fp8_amax_pending")
+
+
+@functools.lru_cache(maxsize=64)
+def _path(device_type: str, device_index: int | None, recipe: Recipe) -> str:
+    return select_gemm(torch.device(device_type, device_index) if device_index is not None else device_type, recipe)
+
+
+def _out_dtype(x: torch.Tensor) -> torch.dtype:
+    t = x.device.type
+    if torch.is_autocast_enabled(t):
+        return torch.get_autocast_dtype(t)
+    return x.dtype
+
+
+class _FP8LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2, weight, bias, module, recipe, group, out_dtype, path):
+        fwd = recipe.fp8_format.fwd
+        qx = module._quantize(x2, _IN, fwd, recipe, "act")
+        qw = module._quantize(weight, _W, fwd, recipe, "weight")
+        y = fp8_gemm(qx, qw, torch.float32, path)
+        if bias is not None:
+            y = y + bias.float()
+        if recipe.needs_history:
+            _register_forward(module, recipe)
+        ctx.module, ctx.recipe, ctx.group, ctx.path = module, recipe, group, path
+        ctx.x_dtype, ctx.has_bias = x2.dtype, bias is not None
+        if recipe.tensorwise or isinstance(recipe, BlockScaling):
+            ctx.qw = qw  # square blocks transpose; per-tensor scales too
+        if recipe.tensorwise:
+            ctx.qx = qx
+            ctx.save_for_backward(weight)
+        else:
+            ctx.save_for_backward(x2, weight)
+        return y.to(out_dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        module, recipe, path = ctx.module, ctx.recipe, ctx.path
+        fwd, bwd = recipe.fp8_format.fwd, recipe.fp8_format.bwd
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        if recipe.tensorwise:
+            (weight,) = ctx.saved_tensors
+            x2 = None
+        else:
+            x2, weight = ctx.saved_tensors
+        dy = dy.contiguous()
+        dx = dw = db = None
+        qdy = module._quantize(dy, _GRAD, bwd, recipe, "act")  # tiles along N: the dgrad contraction
+        if recipe.needs_history:
+            _register_backward(module, recipe, ctx.group)
+        if need_x:
+            if isinstance(recipe, MXFP8):
+                qwt = quantize_mx(weight.t(), fwd, recipe.block_size, recipe.scale_rounding)
+            else:
+                qwt = ctx.qw.t()
+            dx = fp8_gemm(qdy, qwt, torch.float32, path).to(ctx.x_dtype)
+        if need_w:
+            if recipe.tensorwise:
+                qdyt, qxt = qdy.t(), ctx.qx.t()
+            elif isinstance(recipe, BlockScaling):
+                qdyt = quantize_blockwise(dy.t(), bwd, (1, recipe.tile), recipe.power_2_scale)
+                qxt = quantize_blockwise(x2.t(), fwd, (1, recipe.tile), recipe.power_2_scale)
+            else:
+                qdyt = quantize_mx(dy.t(), bwd, recipe.block_size, recipe.scale_rounding)
+                qxt = quantize_mx(x2.t(), fwd, recipe.block_size, recipe.scale_rounding)
+            dw = fp8_gemm(qdyt, qxt, torch.float32, path).to(weight.dtype)
+        if need_b and ctx.has_bias:
+            db = dy.float().sum(0).to(weight.dtype if module.bias is None else module.bias.dtype)
+        ctx.qx = ctx.qw = None
+        return dx, dw, db, None, None, None, None, None
+
+
+class FP8Linear(Linear):
+    """A :class:`mmte.te.Linear` that runs FP8 GEMMs inside :func:`mmte.fp8.autocast`.
+
+    Parameters, their names and state-dict keys are those of the high-precision layer (tensor-parallel
+    plans and checkpoints apply unchanged); the FP8 scaling state adds three buffers (see the module
+    docstring). Outside an FP8 region it is an ordinary linear.
+
+    Args:
+        in_features, out_features: GEMM sizes; multiples of 16 (the FP8 GEMM rule).
+        bias, init_method, params_dtype, device: as :class:`mmte.te.Linear`.
+        recipe: the conversion recipe: sizes the amax history and is used by frozen (inference) weights;
+            at run time the autocast region's recipe applies.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        recipe: Recipe | None = None,
+        init_method: Callable[[torch.Tensor], None] | None = None,
+        params_dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ):
+        self._check_dims(in_features, out_features)
+        super().__init__(in_features, out_features, bias, init_method=init_method, params_dtype=params_dtype, device=device)
+        self._init_fp8(recipe)
+
+    @staticmethod
+    def _check_dims(in_features: int, out_features: int, multiple: int = 16) -> None:
+        if in_features % multiple or out_features % multiple:
+            raise ValueError(
+                f"FP8 GEMMs need in_features and out_features divisible by {multiple}; "
+                f"got Linear({in_features}, {out_features}) (weight shape ({out_features}, {in_features}))"
+            )
+
+    def _init_fp8(self, recipe: Recipe | None) -> None:
+        self.fp8_recipe = recipe if recipe is not None else DelayedScaling()
+        if not isinstance(self.fp8_recipe, Recipe):
+            raise TypeError(f"recipe must be an mmte.fp8 Recipe; got {type(recipe).__name__}")
+        hist = self.fp8_recipe.amax_history_len if self.fp8_recipe.needs_history else 1
+        dev = self.weight.device
+        self.register_buffer("fp8_amax_history", torch.zeros(3, hist, device=dev))
+        self.register_buffer("fp8_scale", torch.ones(3, device=dev))
+        self.register_buffer("fp8_amax_pending", torch.zeros(3, device=dev))
+        self.fp8_inference = False
+        self.weight_block: tuple[int, int] | None = None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, recipe: Recipe | None = None) -> FP8Linear:
+        """An FP8Linear sharing ``linear``'s parameter objects (optimizers and FSDP/TP sharding see the same
+        tensors; works on the meta device)."""
+        cls._check_dims(linear.in_features, linear.out_features)
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.init_method = getattr(linear, "init_method", None)
+        new.weight = linear.weight
+        new.bias = linear.bias
+        new.train(linear.training)
+        new._init_fp8(recipe)
+        return new
+
+    def reset_parameters(self) -> None:
+        if getattr(self, "fp8_inference", False):
+            raise RuntimeError("an FP8Linear with frozen FP8 inference weights cannot be re-initialised")
+        super().reset_parameters()
+        self.reset_fp8_state()
+
+    def reset_fp8_state(self) -> None:
+        """Forget the amax history (scales back to 1, nothing pending)."""
+        if hasattr(self, "fp8_amax_history"):
+            with torch.no_grad():
+                self.fp8_amax_history.zero_()
+                self.fp8_scale.fill_(1.0)
+                self.fp8_amax_pending.zero_()
+
+    def extra_repr(self) -> str:
+        mode = ", inference weights" if self.fp8_inference else ""
+        return super().extra_repr() + f", fp8_recipe={self.fp8_recipe.name}{mode}"
+
+    # --- state dict: FP8 state optional, history length adapted -----------------------------------
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        present = {n: prefix + n in state_dict for n in _FP8_BUFFERS}
+        key = prefix + "fp8_amax_history"
+        if present["fp8_amax_history"]:
+            h = state_dict[key]
+            want = self.fp8_amax_history.shape[1]
+            if h.dim() == 2 and h.shape[0] == 3 and h.shape[1] != want:
+                fixed = torch.zeros(3, want, dtype=h.dtype, device=h.device)
+                n = min(want, h.shape[1])
+                fixed[:, :n] = h[:, :n]
+                state_dict[key] = fixed
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        for n in _FP8_BUFFERS:  # a high-precision checkpoint: start with fresh scaling state
+            if not present[n] and prefix + n in missing_keys:
+                missing_keys.remove(prefix + n)
+
+    # --- quantization --------------------------------------------------------------------------------
+    def _ensure_history(self, length: int) -> None:
+        h = self.fp8_amax_history
+        if h.shape[1] != length:
+            new = torch.zeros(3, length, dtype=h.dtype, device=h.device)
+            n = min(length, h.shape[1])
+            new[:, :n] = h[:, :n]
+            self.fp8_amax_history = new
+
+    def _quantize(self, t: torch.Tensor, role: int, fmt: FP8Dtype, recipe: Recipe, kind: str) -> QuantizedTensor:
+        """Quantize a 2-d operand with its contraction along the last dimension."""
+        if isinstance(recipe, BlockScaling):
+            block = (recipe.block, recipe.block) if kind == "weight" else (1, recipe.tile)
+            return quantize_blockwise(t, fmt, block, recipe.power_2_scale)
+        if isinstance(recipe, MXFP8):
+            return quantize_mx(t, fmt, recipe.block_size, recipe.scale_rounding)
+        a = amax(t)
+        jit = scale_from_amax(a, fmt.max, recipe.margin)
+        if isinstance(recipe, DelayedScaling):
+            with torch.no_grad():
+                self._ensure_history(recipe.amax_history_len)
+                seen = self.fp8_amax_history[role].amax() > 0
+                scale = torch.where(seen, self.fp8_scale[role], jit)
+                self.fp8_amax_pending[role] = torch.maximum(self.fp8_amax_pending[role], a)
+        else:
+            scale = jit
+        return quantize_tensorwise(t, fmt, scale)
+
+    @torch.no_grad()
+    def _fp8_update(self, recipe: Recipe, roles: tuple[int, ...]) -> None:
+        """Push the pending amaxes of ``roles`` into the history and recompute their scales."""
+        if not isinstance(recipe, DelayedScaling):
+            return
+        self._ensure_history(recipe.amax_history_len)
+        for r in roles:
+            fmt = recipe.fp8_format.bwd if r == _GRAD else recipe.fp8_format.fwd
+            h = self.fp8_amax_history[r]
+            h.copy_(torch.roll(h, 1))
+            h[0] = self.fp8_amax_pending[r]
+            self.fp8_amax_pending[r] = 0.0
+            self.fp8_scale[r] = delayed_scale(h, self.fp8_scale[r], fmt.max, recipe.margin, recipe.amax_compute_algo)
+
+    # --- forward -------------------------------------------------------------------------------------
+    def _rows(self, x: torch.Tensor, recipe: Recipe) -> tuple[torch.Tensor, int]:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"FP8Linear({self.in_features}, {self.out_features}) expects inputs [..., {self.in_features}]; got shape {tuple(x.shape)}")
+        x2 = x.reshape(-1, self.in_features)
+        m = x2.shape[0]
+        pad = (-m) % recipe.multiple
+        if pad:
+            if not recipe.pad_tokens:
+                raise ValueError(
+                    f"FP8 GEMMs need the token rows divisible by {recipe.multiple}: input shape {tuple(x.shape)} flattens to "
+                    f"{m} rows (batch x tokens); pad the sequence to a multiple of {recipe.multiple} (e.g. {m + pad} rows) "
+                    "or use a recipe with pad_tokens=True"
+                )
+            x2 = F.pad(x2, (0, 0, 0, pad))
+        return x2, m
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fp8_inference:
+            return self._inference_forward(x)
+        region = get_fp8_context()
+        if region is None or not region.enabled:
+            return super().forward(x)
+        recipe = region.recipe
+        x2, m = self._rows(x, recipe)
+        path = _path(x.device.type, x.device.index, recipe)
+        y = _FP8LinearFn.apply(x2, self.weight, self.bias, self, recipe, region.group, _out_dtype(x), path)
+        return y[:m].reshape(*x.shape[:-1], self.out_features)
+
+    # --- inference weights ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def freeze_fp8_weight(self) -> FP8Linear:
+        """Replace the weight by FP8 codes + scales (``weight``, ``weight_scale_inv`` buffers), for inference.
+
+        The layout follows :attr:`fp8_recipe`: one scale (current scaling of the weight), 128x128 blocks
+        (block recipe) or 1x32 E8M0 blocks along ``in_features`` (MXFP8). The module then only runs
+        forward passes, in FP8 whether or not an autocast region is active.
+        """
+        if self.fp8_inference:
+            return self
+        recipe = self.fp8_recipe
+        fmt = recipe.fp8_format.fwd
+        w = self.weight.detach()
+        if isinstance(recipe, BlockScaling):
+            qw = quantize_blockwise(w, fmt, (recipe.block, recipe.block), recipe.power_2_scale)
+        elif isinstance(recipe, MXFP8):
+            qw = quantize_mx(w, fmt, recipe.block_size, recipe.scale_rounding)
+        else:
+            qw = quantize_tensorwise(w, fmt, scale_from_amax(amax(w), fmt.max, recipe.margin))
+        del self.weight
+        self.register_buffer("weight", qw.data)
+        self.register_buffer("weight_scale_inv", qw.scale_inv)
+        self.weight_block = qw.block
+        self.fp8_inference = True
+        if self.bias is not None:
+            self.bias.requires_grad_(False)
+        return self
+
+    def _inference_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and x.requires_grad:
+            raise RuntimeError("FP8Linear with frozen FP8 weights is inference-only; run it under torch.no_grad()")
+        recipe = self.fp8_recipe
+        fmt = recipe.fp8_format.fwd
+        x2, m = self._rows(x, recipe)
+        qw = QuantizedTensor(self.weight, self.weight_scale_inv, fmt, self.weight_block)
+        qx = self._quantize(x2, _IN, fmt, recipe, "act")
+        y = fp8_gemm(qx, qw, torch.float32, _path(x.device.type, x.device.index, recipe))
+        if self.bias is not None:
+            y = y + self.bias.float()
+        out_dtype = _out_dtype(x)
+        return y[:m].to(out_dtype).reshape(*x.shape[:-1], self.out_features)
