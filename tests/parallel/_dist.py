@@ -1,0 +1,45 @@
+"""Run a function in N gloo processes on the CPU (free port, OMP_NUM_THREADS=1, hard timeout)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, fn, world: int, port: int, args: tuple) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    try:
+        fn(rank, world, *args)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run(fn, world: int, *args, timeout: float = 240.0) -> None:
+    """Start ``fn(rank, world, *args)`` in ``world`` processes; re-raise the first failure."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    ctx = mp.start_processes(_entry, args=(fn, world, free_port(), args), nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            raise TimeoutError(f"distributed job {fn.__name__} on {world} processes exceeded {timeout:.0f} s")
