@@ -54,6 +54,14 @@ _BUILTIN_MODULES = (
     "mmte.tokenizers.text",
     "mmte.tokenizers.image",
     "mmte.tokenizers.infrared",
+    "mmte.tokenizers.hyperspectral",
+    "mmte.tokenizers.audio",
+    "mmte.tokenizers.video",
+    "mmte.tokenizers.point_cloud",
+    "mmte.tokenizers.tabular",
+    "mmte.tokenizers.graph",
+    "mmte.tokenizers.time_series",
+    "mmte.tokenizers.imu",
 )
 _NOT_CONFIG = {"self", "dim", "params_dtype", "device"}
 

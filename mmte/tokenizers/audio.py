@@ -1,0 +1,166 @@
+"""Audio tokenizer: AST-style overlapping 16x16 patches of a log-mel fbank.
+
+An fbank ``[B, T, F]`` (frames x mel bins, the layout Kaldi's fbank returns) is viewed as a
+one-channel image ``[B, 1, F, T]`` and cut into ``patch x patch`` patches every ``stride`` bins /
+frames by a convolution: the patch grid is ``F' = (F - patch) // stride + 1`` by
+``T' = (T - patch) // stride + 1``. The position embedding is sized from the grid of the longest
+input (``max_frames``) and sliced along time for shorter ones, so a padded clip's real tokens get
+exactly the embeddings they would get unpadded. Tokens are ordered time-major (``t * F' + f``); a time
+column is real when its whole patch lies inside the clip (``t * stride + patch <= frames``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .base import ModalityTokenizer, TokenSeq
+from .registry import register_modality
+
+__all__ = ["AudioTokenizer"]
+
+
+def _grid(n: int, patch: int, stride: int) -> int:
+    return (n - patch) // stride + 1
+
+
+class AudioTokenizer(ModalityTokenizer):
+    """Fbank ``[B, T, F]`` (or waveform ``[B, S]``) -> ``[cls] + T' * F'`` patch tokens.
+
+    Args:
+        dim: token width.
+        num_mel_bins: mel bins ``F``.
+        max_frames: longest fbank (frames) the position embedding covers (AST: 1024 = 10.24 s).
+        patch_size: square patch (16).
+        stride: patch stride in bins and frames (10; 16 = no overlap).
+        cls_token: prepend a learned cls token.
+        sample_rate: the model's sample rate (waveform inputs are resampled to it).
+        fbank_mean, fbank_std: fbank normalisation for waveform inputs (AudioSet's by default).
+    """
+
+    modality = "audio"
+
+    def __init__(
+        self,
+        dim: int,
+        num_mel_bins: int = 128,
+        max_frames: int = 1024,
+        patch_size: int = 16,
+        stride: int = 10,
+        cls_token: bool = True,
+        sample_rate: int = 16000,
+        fbank_mean: float = -4.2677393,
+        fbank_std: float = 4.5689974,
+        *,
+        params_dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ):
+        super().__init__(dim)
+        if num_mel_bins < patch_size or max_frames < patch_size:
+            raise ValueError(f"num_mel_bins ({num_mel_bins}) and max_frames ({max_frames}) must be >= patch_size ({patch_size})")
+        self.num_mel_bins, self.max_frames, self.patch_size, self.stride = num_mel_bins, max_frames, patch_size, stride
+        self.sample_rate, self.fbank_mean, self.fbank_std = sample_rate, fbank_mean, fbank_std
+        self.freq_grid = _grid(num_mel_bins, patch_size, stride)
+        self.max_time_grid = _grid(max_frames, patch_size, stride)
+        kw = dict(device=device, dtype=params_dtype)
+        self.proj = nn.Conv2d(1, dim, patch_size, stride, **kw)
+        self.cls_token = nn.Parameter(torch.empty(1, 1, dim, **kw)) if cls_token else None
+        self.num_prefix_tokens = int(cls_token)
+        # [1, T'max, F', D] so that time can be sliced
+        self.pos_embed = nn.Parameter(torch.empty(1, self.max_time_grid, self.freq_grid, dim, **kw))
+        self.cls_pos = nn.Parameter(torch.empty(1, 1, dim, **kw)) if cls_token else None
+        if self.proj.weight.device.type != "meta":
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        self.proj.reset_parameters()
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        if self.cls_token is not None:
+            nn.init.trunc_normal_(self.cls_token, std=0.02)
+            nn.init.trunc_normal_(self.cls_pos, std=0.02)
+
+    def num_tokens(self, frames: int) -> int:
+        """Token count of a clip: ``cls + ((F - p) // s + 1) * ((frames - p) // s + 1)``."""
+        return self.num_prefix_tokens + self.freq_grid * _grid(frames, self.patch_size, self.stride)
+
+    def fbank(self, waveform: torch.Tensor, lengths: torch.Tensor | None = None, sample_rate: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Waveforms ``[B, S]`` -> padded fbank ``[B, T, F]`` and frame counts ``[B]`` (per-sample Kaldi fbank)."""
+        from ..data.audio import collate_audio, compute_fbank
+
+        if waveform.dim() != 2:
+            raise ValueError(f"audio tokenizer expects a waveform [B, S] or fbank [B, T, F={self.num_mel_bins}]; got shape {tuple(waveform.shape)}")
+        sr = sample_rate or self.sample_rate
+        n = lengths.tolist() if lengths is not None else [waveform.shape[1]] * waveform.shape[0]
+        fbs = [
+            compute_fbank(w[: int(k)].float().cpu(), sr, self.sample_rate, self.num_mel_bins, mean=self.fbank_mean, std=self.fbank_std)
+            for w, k in zip(waveform, n)
+        ]
+        out = collate_audio(fbs)
+        return out["fbank"].to(waveform.device), out["frames"].to(waveform.device)
+
+    def forward(
+        self,
+        fbank: torch.Tensor | None = None,
+        frames: torch.Tensor | None = None,
+        *,
+        waveform: torch.Tensor | None = None,
+        lengths: torch.Tensor | None = None,
+        sample_rate: int | None = None,
+    ) -> TokenSeq:
+        """Args:
+            fbank: ``[B, T, F]`` normalised log-mel fbank (padded).
+            frames: real frames per clip ``[B]`` (None: all ``T``).
+            waveform: alternatively raw waveforms ``[B, S]`` at ``sample_rate`` with ``lengths`` samples.
+
+        Returns:
+            TokenSeq with ``[B, 1 + T' * F', D]`` tokens and a mask when clips are padded.
+        """
+        if waveform is not None:
+            fbank, frames = self.fbank(waveform, lengths, sample_rate)
+        if fbank is None:
+            raise ValueError("audio tokenizer needs fbank [B, T, F] or waveform [B, S]")
+        if fbank.dim() != 3 or fbank.shape[-1] != self.num_mel_bins:
+            raise ValueError(
+                f"audio tokenizer expects a waveform [B, S] or fbank [B, T, F={self.num_mel_bins}]; got shape {tuple(fbank.shape)}"
+            )
+        b, t, _ = fbank.shape
+        if t < self.patch_size:
+            raise ValueError(f"audio clip has {t} frames; at least patch_size={self.patch_size} frames expected")
+        if t > self.max_frames:
+            raise ValueError(f"audio clip has {t} frames; this tokenizer takes at most max_frames={self.max_frames}")
+        x = self.proj(fbank.transpose(1, 2).unsqueeze(1).to(self.proj.weight.dtype))  # [B, D, F', T']
+        tg = x.shape[-1]
+        x = x.permute(0, 3, 2, 1)  # [B, T', F', D]  time-major
+        x = (x + self.pos_embed[:, :tg]).flatten(1, 2)
+        mask = None
+        if frames is not None:
+            if tuple(frames.shape) != (b,):
+                raise ValueError(f"frames must be [B={b}]; got shape {tuple(frames.shape)}")
+            if bool((frames < self.patch_size).any()):
+                raise ValueError(f"every clip needs >= patch_size={self.patch_size} frames; got frames {frames.tolist()}")
+            real_t = torch.arange(tg, device=x.device)[None] * self.stride + self.patch_size <= frames[:, None].to(x.device)
+            mask = real_t[:, :, None].expand(b, tg, self.freq_grid).flatten(1)
+        if self.cls_token is not None:
+            x = torch.cat([(self.cls_token + self.cls_pos).expand(b, -1, -1), x], 1)
+            if mask is not None:
+                mask = torch.cat([mask.new_ones(b, 1), mask], 1)
+        return TokenSeq(x, mask, self.num_prefix_tokens, extras={"grid_size": (tg, self.freq_grid)})
+
+
+def _register() -> None:
+    from ..data.audio import collate_audio, example_audio, preprocess_audio
+
+    register_modality(
+        "audio",
+        tokenizer=AudioTokenizer,
+        preprocess=preprocess_audio,
+        collate=collate_audio,
+        default_head={"name": "classification", "pool": "mean"},
+        example=example_audio,
+        example_config={"max_frames": 128},
+        variable_length=True,
+        description="log-mel fbank {fbank [B, T, 128], frames [B]} (or waveforms): AST 16x16 patches, stride 10",
+    )
+
+
+_register()
