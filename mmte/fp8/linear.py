@@ -241,7 +241,7 @@ class FP8Linear(Linear):
         if isinstance(recipe, DelayedScaling):
             with torch.no_grad():
                 self._ensure_history(recipe.amax_history_len)
-                seen = self.fp8_amax_history[role].amax() > 0
+                seen = (self.fp8_amax_history[role] != 0).any()  # NaN/inf entries count as seen
                 scale = torch.where(seen, self.fp8_scale[role], jit)
                 self.fp8_amax_pending[role] = torch.maximum(self.fp8_amax_pending[role], a)
         else:
