@@ -106,7 +106,11 @@ class Backbone(nn.Module):
         return self.config.hidden_size
 
     def fuse(self, **compile_kwargs) -> Backbone:
-        """Compile every layer as a fused region (idempotent)."""
+        """Compile every layer as a fused region (idempotent). TE layers are already fused kernels."""
+        if self.backend == "te":
+            logger.info("backend='te' runs TransformerEngine's fused kernels; no compile applied")
+            self.fused = True
+            return self
         if not self.fused:
             for layer in self.layers.values():
                 fuse(layer, **compile_kwargs)
