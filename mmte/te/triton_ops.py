@@ -23,12 +23,13 @@ way, so results match the composition up to fp32 reassociation.
 
 Dispatch (``impl="auto"``): the Triton kernels run when triton imports and the tensor is on a CUDA
 device, or on a CPU tensor when ``TRITON_INTERPRET=1`` is set (Triton's interpreter, for tests), and
-the row fits one tile (``hidden <= 32768``). Otherwise -- and inside ``torch.compile`` regions, where
+a norm's row fits one tile (``hidden <= 32768``). Otherwise -- and inside ``torch.compile`` regions, where
 inductor fuses the composition itself -- the exact torch composition runs. ``MMTE_DISABLE_TRITON=1``
 forces the composition. :func:`available` says which applies and why.
 
-Kernels are built lazily, on first use, for the interpreter or the compiler according to
-``TRITON_INTERPRET`` at that moment, so importing this module never imports triton.
+Importing this module does not import triton; the kernels are built on first use. Triton reads
+``TRITON_INTERPRET`` once, when it is imported, so the interpreter needs the variable set before
+anything in the process imports triton (torch.compile does); :func:`available` reports a late one.
 """
 
 import contextlib
@@ -36,9 +37,11 @@ import functools
 import importlib.util
 import math
 import os
+import sys
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 __all__ = [
     "ACTIVATIONS",
@@ -65,8 +68,17 @@ MAX_HIDDEN = 32768  # widest row one program normalises in registers
 # --------------------------------------------------------------------------------------------------
 
 
-def _interpret() -> bool:
+def _env_interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def _interpreter_mode() -> bool:
+    """Whether triton was imported for its interpreter (it reads ``TRITON_INTERPRET`` at import:
+    its own ``tl`` functions are then interpreted, and so must every kernel be)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    import triton.language as tl
+
+    return isinstance(tl.standard.sum, InterpretedFunction)
 
 
 @functools.cache
@@ -93,16 +105,22 @@ def available(device: torch.device | str | None = None) -> tuple[bool, str]:
     """
     if os.environ.get("MMTE_DISABLE_TRITON", "0") == "1":
         return False, "MMTE_DISABLE_TRITON=1"
+    cpu_why = "Triton kernels run on CPU tensors only under TRITON_INTERPRET=1 (the interpreter)"
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type == "cpu" and not _env_interpret() and "triton" not in sys.modules:
+        return False, cpu_why  # without importing triton for nothing
     ok, why = _triton_import()
-    if not ok or device is None:
+    if not ok or dev is None:
         return ok, why
-    dev = torch.device(device)
-    if _interpret():
-        return True, ""
+    if _interpreter_mode():
+        return True, ""  # the interpreter runs kernels on CPU tensors (and, slowly, on CUDA ones)
+    if _env_interpret():
+        return False, ("TRITON_INTERPRET=1 was set after triton had been imported in this process; triton reads it at "
+                       "import, so set it before anything imports triton")  # fmt: skip
     if dev.type == "cuda":
         return True, ""
     if dev.type == "cpu":
-        return False, "Triton kernels run on CPU tensors only under TRITON_INTERPRET=1 (the interpreter)"
+        return False, cpu_why
     return False, f"no Triton backend wired for device type {dev.type!r} (expected cuda, or cpu with TRITON_INTERPRET=1)"
 
 
@@ -125,20 +143,21 @@ def dispatches_to_triton(x: torch.Tensor, hidden: int | None = None) -> bool:
     return available(x.device)[0]
 
 
-def _want_triton(impl: str, x: torch.Tensor) -> bool:
+def _want_triton(impl: str, x: torch.Tensor, *, whole_rows: bool) -> bool:
+    """Resolve ``impl`` for ``x``; ``whole_rows``: the kernel keeps a row in registers (the norms)."""
     if impl not in _IMPLS:
         raise ValueError(f"impl must be one of {list(_IMPLS)}; got {impl!r}")
     if impl == "torch":
         return False
     if impl == "auto":
-        return dispatches_to_triton(x)
+        return dispatches_to_triton(x, None if whole_rows else 1)
+    if x.dtype not in _KERNEL_DTYPES:
+        raise TypeError(f"the Triton kernels take float32/float16/bfloat16 tensors; got {x.dtype}")
+    if whole_rows and x.shape[-1] > MAX_HIDDEN:
+        raise ValueError(f"the Triton kernels take rows of at most {MAX_HIDDEN} elements; got {x.shape[-1]}")
     ok, why = available(x.device)
     if not ok:
         raise RuntimeError(f"impl='triton' requested but the Triton kernels cannot run here: {why}")
-    if x.dtype not in _KERNEL_DTYPES:
-        raise TypeError(f"the Triton kernels take float32/float16/bfloat16 tensors; got {x.dtype}")
-    if x.shape[-1] > MAX_HIDDEN:
-        raise ValueError(f"the Triton kernels take rows of at most {MAX_HIDDEN} elements; got {x.shape[-1]}")
     return True
 
 
@@ -337,15 +356,10 @@ def _build_kernels():
     return {"add_norm_fwd": add_norm_fwd, "add_norm_bwd": add_norm_bwd, "bias_act_fwd": bias_act_fwd, "bias_act_bwd": bias_act_bwd}
 
 
-_KERNEL_CACHE: dict[bool, dict] = {}
-
-
+@functools.cache
 def _kernels() -> dict:
-    """The kernels for the current mode (interpreter or compiler), built once per mode."""
-    mode = _interpret()
-    if mode not in _KERNEL_CACHE:
-        _KERNEL_CACHE[mode] = _build_kernels()
-    return _KERNEL_CACHE[mode]
+    """The kernels, built once, in the mode triton was imported in (interpreter or compiler)."""
+    return _build_kernels()
 
 
 def _next_pow2(n: int) -> int:
@@ -407,6 +421,7 @@ class _AddNormFn(torch.autograd.Function):
         return y.view(shape), h.view(shape)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy, dh=None):
         has_res, has_bias, is_rms, zero_centered, shape = ctx.flags
         if dy is None:  # only the new residual stream was used downstream: identity for x and residual
@@ -458,6 +473,7 @@ class _BiasActFn(torch.autograd.Function):
         return y.view(shape)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         if dy is None:
             return None, None, None
@@ -567,7 +583,7 @@ def fused_add_layer_norm(
         ValueError: shapes, devices or ``eps`` are wrong. TypeError: dtypes are wrong.
     """
     _check_add_norm(x, residual, weight, bias, eps)
-    if not _want_triton(impl, x):
+    if not _want_triton(impl, x, whole_rows=True):
         return _torch_add_norm(x, residual, weight, bias, eps, False, zero_centered_gamma)
     if residual is None:
         return _AddNormFn.apply(x, None, weight, bias, eps, False, zero_centered_gamma), x
@@ -589,7 +605,7 @@ def fused_add_rms_norm(
     composition is ``F.rms_norm(x + residual)``.
     """
     _check_add_norm(x, residual, weight, None, eps)
-    if not _want_triton(impl, x):
+    if not _want_triton(impl, x, whole_rows=True):
         return _torch_add_norm(x, residual, weight, None, eps, True, zero_centered_gamma)
     if residual is None:
         return _AddNormFn.apply(x, None, weight, None, eps, True, zero_centered_gamma), x
@@ -624,7 +640,7 @@ def bias_activation(x: torch.Tensor, bias: torch.Tensor | None, activation: str,
     if x.dim() < 1 or x.shape[-1] == 0:
         raise ValueError(f"x must be [..., F] with F >= 1; got shape {tuple(x.shape)}")
     _check_vector("bias", bias, x.shape[-1], x, "feature")
-    if not _want_triton(impl, x):
+    if not _want_triton(impl, x, whole_rows=False):
         return _torch_bias_act(x, bias, activation)
     return _BiasActFn.apply(x, bias, ACTIVATIONS[activation])
 

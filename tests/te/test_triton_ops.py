@@ -72,7 +72,6 @@ def test_cpu_without_interpreter_falls_back(monkeypatch):
 
 def test_disable_switch(monkeypatch):
     monkeypatch.setenv("MMTE_DISABLE_TRITON", "1")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert T.available() == (False, "MMTE_DISABLE_TRITON=1")
     assert not T.dispatches_to_triton(torch.randn(4, 8))
 
@@ -84,12 +83,46 @@ def test_available_reports_triton(monkeypatch):
     assert (why == "") == HAS_TRITON
 
 
-def test_fp64_and_wide_rows_use_the_composition(monkeypatch):
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install 'mmte[triton]')")
+def test_late_triton_interpret_is_reported(monkeypatch):
+    import triton  # noqa: F401  (as torch.compile or another test may already have done)
+
+    if T._interpreter_mode():
+        pytest.skip("this pytest process imported triton for the interpreter (TRITON_INTERPRET=1 from the start)")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.delenv("MMTE_DISABLE_TRITON", raising=False)
+    ok, why = T.available("cpu")
+    assert not ok and "after triton had been imported" in why
+    assert not T.dispatches_to_triton(torch.randn(2, 8))
+    with pytest.raises(RuntimeError, match="after triton had been imported"):
+        T.bias_gelu(torch.randn(2, 8), None, impl="triton")
+
+
+def test_fp64_empty_and_wide_rows_use_the_composition():
+    # decided before availability, so the same on every machine
     assert not T.dispatches_to_triton(torch.randn(2, 8, dtype=torch.float64))
     assert not T.dispatches_to_triton(torch.randn(1, T.MAX_HIDDEN + 1))
     assert not T.dispatches_to_triton(torch.randn(0, 8))
+    wide = torch.randn(1, T.MAX_HIDDEN + 1)
+    with pytest.raises(ValueError, match="rows of at most"):
+        T.fused_add_rms_norm(wide, None, torch.ones(wide.shape[-1]), impl="triton")
+    with pytest.raises(TypeError, match="float32/float16/bfloat16"):
+        T.bias_gelu(torch.randn(2, 8, dtype=torch.float64), None, impl="triton")
+    y, h = T.fused_add_rms_norm(wide, wide, torch.ones(wide.shape[-1]))  # "auto": the composition
+    torch.testing.assert_close(y, F.rms_norm(2 * wide, (wide.shape[-1],), eps=1e-5), **FP32)
+
+
+def test_inside_torch_compile_the_composition_is_traced():
+    """In a compiled region the ops fall back to the composition, which inductor fuses (no graph break)."""
+
+    def block(x, r, w, b, b1):
+        y, h = T.fused_add_layer_norm(x, r, w, b, 1e-5)
+        return T.bias_gelu(y, b1) + h
+
+    x, r, w, b, b1 = (torch.randn(4, 16), torch.randn(4, 16), torch.randn(16), torch.randn(16), torch.randn(16))
+    got = torch.compile(block, fullgraph=True)(x, r, w, b, b1)
+    want = F.gelu(F.layer_norm(x + r, (16,), w, b, 1e-5) + b1) + (x + r)
+    torch.testing.assert_close(got, want, **FP32)
 
 
 @pytest.mark.parametrize(
@@ -141,7 +174,7 @@ def check_interpreter_is_on():
     assert T.available("cpu") == (True, "")
     assert T.dispatches_to_triton(x)
     assert "add_norm_fwd" in T._kernels()  # built for the interpreter in this process
-    assert T._interpret()
+    assert T._interpreter_mode()
 
 
 @pytest.mark.parametrize("D", [192, 384, 100])
