@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 
@@ -87,12 +88,17 @@ def collate_images(samples: Sequence[torch.Tensor]) -> torch.Tensor:
     return stack_same(samples, "image")
 
 
+@functools.lru_cache(maxsize=1)
+def _sample_images() -> tuple[np.ndarray, ...]:
+    from sklearn.datasets import load_sample_images
+
+    return tuple(load_sample_images().images)
+
+
 def example_image(size: int, seed: int, channels: int = 3, sizes: tuple[int, int] = (32, 48)) -> torch.Tensor:
     """A real photograph (scikit-learn's bundled sample images), cropped at a seed-dependent place and
     resized to ``sizes[size]``."""
-    from sklearn.datasets import load_sample_images
-
-    imgs = load_sample_images().images
+    imgs = _sample_images()
     img = imgs[seed % len(imgs)]
     g = np.random.default_rng(seed)
     h, w = img.shape[:2]

@@ -5,7 +5,8 @@ token per group of ``group_size`` adjacent bands, taken every ``group_stride`` b
 when ``group_stride < group_size``; the cube is zero-padded at the end of the spectrum). Each group's
 ``group_size * p * p`` values are embedded by a shared Linear, plus a learned position embedding over
 the group index (sliced), so any band count works; cubes with fewer real bands (``num_bands``) have
-their trailing groups masked. A cls token is prepended.
+their trailing groups masked (a group is real when it is one of the ``num_groups(num_bands)`` groups
+the cube would have unpadded). A cls token is prepended.
 """
 
 from __future__ import annotations
@@ -100,7 +101,11 @@ class HyperspectralTokenizer(ModalityTokenizer):
         if num_bands is not None:
             if tuple(num_bands.shape) != (b,):
                 raise ValueError(f"num_bands must be [B={b}]; got shape {tuple(num_bands.shape)}")
-            mask = torch.arange(g, device=x.device)[None] * self.group_stride < num_bands[:, None].to(x.device)
+            nb = num_bands.to(x.device).long()
+            if bool((nb < 1).any()) or bool((nb > bands).any()):
+                raise ValueError(f"num_bands must be in [1, {bands}]; got {nb.tolist()}")
+            real_groups = ((nb - self.group_size).clamp_min(0) + self.group_stride - 1) // self.group_stride + 1
+            mask = torch.arange(g, device=x.device)[None] < real_groups[:, None]
         if self.cls_token is not None:
             tokens = torch.cat([self.cls_token.expand(b, -1, -1), tokens], 1)
             if mask is not None:
