@@ -12,7 +12,7 @@ import mmte
 from mmte.heads import masked_pool
 from mmte.tokenizers.registry import get_modality
 
-from ._modality_helpers import call_tokenizer, example_batch, head_spec, pooled, tiny_model
+from .tokenizers.helpers import call_tokenizer, example_batch, head_spec, pooled, tiny_model
 
 MODALITIES = mmte.list_modalities()
 BUILTINS = ["text", "image", "infrared", "xray", "hyperspectral", "audio", "video", "point_cloud", "tabular", "graph", "time_series", "imu"]
