@@ -353,7 +353,7 @@ def _build_kernels():
         if HAS_BIAS:
             tl.store(DB + pid * N + cols, db, mask=cmask)
 
-    return {"add_norm_fwd": add_norm_fwd, "add_norm_bwd": add_norm_bwd, "bias_act_fwd": bias_act_fwd, "bias_act_bwd": bias_act_bwd}
+    return dict(add_norm_fwd=add_norm_fwd, add_norm_bwd=add_norm_bwd, bias_act_fwd=bias_act_fwd, bias_act_bwd=bias_act_bwd)
 
 
 @functools.cache
