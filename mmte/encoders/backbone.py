@@ -29,7 +29,9 @@ from .presets import BackboneConfig, get_preset
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Backbone"]
+__all__ = ["FUSIONS", "Backbone"]
+
+FUSIONS = ("compile", "kernels")
 
 
 class Backbone(nn.Module):
@@ -37,8 +39,10 @@ class Backbone(nn.Module):
 
     Args:
         config: a :class:`BackboneConfig` or a preset name (``"meta-transformer-b16"``, ``"tiny"``, ...).
-        fused: compile each layer into one fused region (see :mod:`mmte.te.fusion`); the eager path is
-            the numerical reference.
+        fused: fuse each layer (see :mod:`mmte.te.fusion`); the eager path is the numerical reference.
+        fusion: how ``fused`` fuses: ``"compile"`` (regional torch.compile: inductor's C++ kernels on
+            CPUs, Triton on GPUs) or ``"kernels"`` (no compile: the eager graph with mmte's hand-written
+            Triton add+norm and bias+activation kernels where they can run — no warm-up, any shape).
         backend: ``"native"`` (mmte.te) or ``"te"`` (TransformerEngine, when installed).
         params_dtype, device: parameter dtype and device (``"meta"`` for deferred init).
         **overrides: config fields to override (``Backbone("tiny", num_layers=4)``).
@@ -49,6 +53,7 @@ class Backbone(nn.Module):
         config: BackboneConfig | str = "meta-transformer-b16",
         *,
         fused: bool = False,
+        fusion: str = "compile",
         backend: str = "native",
         params_dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
@@ -98,6 +103,9 @@ class Backbone(nn.Module):
         )
         self.norm = make_norm(c.normalization, c.hidden_size, c.layernorm_epsilon, **kw) if c.final_norm else None
         self.fused = False
+        if fusion not in FUSIONS:
+            raise ValueError(f"fusion must be one of {FUSIONS}; got {fusion!r}")
+        self.fusion = fusion
         if fused:
             self.fuse()
 
@@ -106,11 +114,17 @@ class Backbone(nn.Module):
         return self.config.hidden_size
 
     def fuse(self, **compile_kwargs) -> Backbone:
-        """Compile every layer as a fused region (idempotent). TE layers are already fused kernels."""
+        """Fuse every layer (idempotent): compile each as a region, or switch on the hand-written kernels.
+        TE layers are already fused kernels."""
         if self.backend == "te":
             logger.info("backend='te' runs TransformerEngine's fused kernels; no compile applied")
             self.fused = True
             return self
+        if not self.fused and self.fusion == "kernels":
+            for layer in self.layers.values():
+                layer.fused_kernels = True
+            self.fused = True
+            logger.info("fused %d backbone layers with hand-written kernels (add+norm, bias+activation)", len(self.layers))
         if not self.fused:
             for layer in self.layers.values():
                 fuse(layer, **compile_kwargs)
@@ -126,7 +140,7 @@ class Backbone(nn.Module):
             layer.reset_parameters()
 
     def extra_repr(self) -> str:
-        return f"backend={self.backend!r}, fused={self.fused}, " + ", ".join(f"{k}={v}" for k, v in asdict(self.config).items())
+        return f"backend={self.backend!r}, fused={self.fused}, fusion={self.fusion!r}, " + ", ".join(f"{k}={v}" for k, v in asdict(self.config).items())
 
     def check_input(self, x: torch.Tensor, mask: torch.Tensor | None) -> None:
         """Raise ``ValueError`` naming the shapes when ``x``/``mask`` do not fit this backbone."""

@@ -13,6 +13,12 @@ Post-norm::
 In pre-norm layers the norms live inside the GEMM modules (``self_attention.layernorm_qkv.norm`` and
 ``layernorm_mlp.norm``), as in TransformerEngine; post-norm layers own ``post_attention_layernorm``
 and ``post_mlp_layernorm`` instead.
+
+With ``fused_kernels`` on (``Backbone(fused=True, fusion="kernels")``) a pre-norm layer runs the same
+math through the hand-written kernels of :mod:`mmte.te.triton_ops` wherever they can run (CUDA; CPU
+under ``TRITON_INTERPRET=1``): the attention residual add and the MLP's norm become one kernel, and
+fc1's bias + activation another (fc1 runs without its bias). Where a kernel cannot run, the torch
+composition runs instead, so the switch never changes results beyond fp32 reassociation.
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from . import triton_ops
 from .attention import MultiheadAttention
 from .layernorm_mlp import LayerNormMLP
 from .norm import make_norm
@@ -159,6 +167,35 @@ class TransformerLayer(nn.Module):
             self.ls2 = LayerScale(hidden_size, layer_scale_init, **kw)
         else:
             self.ls1 = self.ls2 = None
+        self.fused_kernels = False
+
+    def kernels_apply(self) -> bool:
+        """Whether :meth:`forward` can take the hand-written-kernel path for this layer's settings."""
+        mlp = self.layernorm_mlp
+        return (
+            self.layer_norm_position == "pre"
+            and mlp.up is None
+            and mlp.activation in triton_ops.ACTIVATIONS
+            and isinstance(mlp.norm, (nn.LayerNorm, nn.RMSNorm))
+            and self.ls1 is None
+            and (not self.training or (self.hidden_dropout.p == 0.0 and self.drop_path.p == 0.0))
+        )
+
+    def _forward_kernels(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        mlp = self.layernorm_mlp
+        attn = self.self_attention(x, attention_mask)
+        norm = mlp.norm
+        zc = getattr(norm, "zero_centered_gamma", False)
+        if isinstance(norm, nn.RMSNorm):
+            h, x = triton_ops.fused_add_rms_norm(attn, x, norm.weight, norm.eps or 1e-5, zero_centered_gamma=zc)
+        else:
+            h, x = triton_ops.fused_add_layer_norm(attn, x, norm.weight, norm.bias, norm.eps, zero_centered_gamma=zc)
+        fc1 = mlp.fc1
+        if type(fc1).forward is nn.Linear.forward:  # a plain GEMM: defer its bias into the activation kernel
+            a = triton_ops.bias_activation(F.linear(h, fc1.weight), fc1.bias, mlp.activation)
+        else:  # e.g. an FP8 linear: keep its own GEMM (bias included)
+            a = triton_ops.bias_activation(fc1(h), None, mlp.activation)
+        return x + mlp.fc2(a)
 
     def reset_parameters(self) -> None:
         for m in self.children():
@@ -182,6 +219,8 @@ class TransformerLayer(nn.Module):
         if hidden_states.dim() != 3 or hidden_states.shape[-1] != self.hidden_size:
             raise ValueError(f"TransformerLayer expects hidden_states [B, N, {self.hidden_size}]; got {tuple(hidden_states.shape)}")
         x = hidden_states
+        if self.fused_kernels and self.kernels_apply():
+            return self._forward_kernels(x, attention_mask)
         if self.layer_norm_position == "pre":
             x = x + self._branch(self.self_attention(x, attention_mask), self.ls1)
             x = x + self._branch(self.layernorm_mlp(x), self.ls2)
