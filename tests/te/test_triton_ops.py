@@ -50,6 +50,53 @@ def test_kernels_under_triton_interpreter():
     assert " passed" in out and " failed" not in out and " skipped" not in out, out[-4000:]
 
 
+def _sm90_compiler():
+    """(triton, ASTSource, GPUTarget) when kernels can be compiled for a GPU here without one."""
+    if not HAS_TRITON:
+        pytest.skip("triton is not installed (pip install 'mmte[triton]')")
+    import triton
+
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError as e:  # pragma: no cover - another triton layout
+        pytest.skip(f"this triton has no ahead-of-time compile API: {e}")
+    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
+        pytest.skip("this triton install ships no ptxas to compile for NVIDIA GPUs")
+    if T._interpreter_mode():
+        pytest.skip("this pytest process imported triton for the interpreter; kernels are not compiled then")
+    return triton, ASTSource, GPUTarget
+
+
+@pytest.mark.parametrize("kernel", ["add_norm_fwd", "add_norm_bwd", "bias_act_fwd", "bias_act_bwd"])
+def test_kernels_compile_for_sm90(kernel):
+    """The GPU code path (which the interpreter does not exercise) compiles to a cubin for sm_90.
+
+    No GPU is needed: triton lowers to PTX and its bundled ptxas assembles it. bf16 storage, every
+    optional input on, at ViT-B shapes (D = 768, MLP width 3072), with the launch's tile sizes.
+    """
+    triton, ASTSource, GPUTarget = _sm90_compiler()
+    p, f = "*bf16", "*fp32"
+    bm, bd, wn = T._norm_tiles(768)
+    am, an, wa = T._act_tiles(3072)
+    norm_flags = dict(HAS_BIAS=True, IS_RMS=False, ZERO_CENTERED=True, BLOCK_M=bm, BLOCK_D=bd)
+    specs = {
+        "add_norm_fwd": ([p, p, f, f, p, p, f, f, "i32", "i32", "fp32"], dict(HAS_RES=True, STORE_H=True, **norm_flags), wn),
+        "add_norm_bwd": ([p, p, p, f, f, f, p, f, f, "i32", "i32", "i32"], dict(HAS_DH=True, **norm_flags), wn),
+        "bias_act_fwd": ([p, p, p, "i32", "i32"], dict(HAS_BIAS=True, ACT=0, BLOCK_M=am, BLOCK_N=an), wa),
+        "bias_act_bwd": ([p, p, p, p, f, "i32", "i32", "i32"], dict(HAS_BIAS=True, ACT=0, BLOCK_M=am, BLOCK_N=an), wa),
+    }
+    types, consts, warps = specs[kernel]
+    fn = T._kernels()[kernel]
+    names = fn.arg_names
+    signature = dict(zip(names, types)) | {k: "constexpr" for k in consts}
+    assert list(signature) == names, f"kernel arguments changed: {names}"
+    compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps})  # fmt: skip
+    assert len(compiled.asm["cubin"]) > 1000
+    assert f".entry {kernel}" in compiled.asm["ptx"]
+
+
 def test_cpu_without_interpreter_falls_back(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.delenv("MMTE_DISABLE_TRITON", raising=False)
