@@ -19,7 +19,9 @@ in one pass:
 
 All arithmetic is in fp32 whatever the storage dtype (fp32, fp16, bf16). Where the torch composition
 rounds an intermediate to the storage dtype (``x + residual`` in bf16), the kernels round it the same
-way, so results match the composition up to fp32 reassociation.
+way, so results match the composition up to fp32 reassociation. ``x`` and ``residual`` may differ in
+dtype (a bf16 branch into an fp32 residual stream under autocast): the sum and the normalised output
+take the promoted dtype, as ``x + residual`` would.
 
 Dispatch (``impl="auto"``): the Triton kernels run when triton imports and the tensor is on a CUDA
 device, or on a CPU tensor when ``TRITON_INTERPRET=1`` is set (Triton's interpreter, for tests), and
@@ -210,8 +212,8 @@ def _build_kernels():
         h = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
         if HAS_RES:
             r = tl.load(R + offs, mask=mask, other=0.0).to(tl.float32)
-            # round the sum to the storage dtype, as ``x + residual`` does, before normalising it
-            h = (h + r).to(X.dtype.element_ty).to(tl.float32)
+            # round the sum to its storage dtype, as ``x + residual`` does, before normalising it
+            h = (h + r).to(H.dtype.element_ty).to(tl.float32)
             if STORE_H:
                 tl.store(H + offs, h.to(H.dtype.element_ty), mask=mask)
         if IS_RMS:
@@ -405,8 +407,9 @@ class _AddNormFn(torch.autograd.Function):
         r2 = residual.contiguous().view(-1, D) if residual is not None else None
         w, b = weight.contiguous(), (bias.contiguous() if bias is not None else None)
         M = x2.shape[0]
-        y = torch.empty_like(x2)
-        h = torch.empty_like(x2) if r2 is not None else x2
+        out_dtype = torch.promote_types(x.dtype, residual.dtype) if residual is not None else x.dtype
+        y = torch.empty_like(x2, dtype=out_dtype)
+        h = torch.empty_like(x2, dtype=out_dtype) if r2 is not None else x2
         mean = torch.empty(M, device=x.device, dtype=torch.float32)
         rstd = torch.empty(M, device=x.device, dtype=torch.float32)
         block_m, block_d, warps = _norm_tiles(D)
@@ -421,6 +424,7 @@ class _AddNormFn(torch.autograd.Function):
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zeros read
         ctx.flags = (residual is not None, bias is not None, is_rms, zero_centered, shape)
         ctx.param_dtypes = (weight.dtype, bias.dtype if bias is not None else None)
+        ctx.in_dtypes = (x.dtype, residual.dtype if residual is not None else None)
         if residual is None:
             return y.view(shape)
         return y.view(shape), h.view(shape)
@@ -429,8 +433,9 @@ class _AddNormFn(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy, dh=None):
         has_res, has_bias, is_rms, zero_centered, shape = ctx.flags
+        x_dtype, r_dtype = ctx.in_dtypes
         if dy is None:  # only the new residual stream was used downstream: identity for x and residual
-            return dh, (dh if has_res else None), None, None, None, None, None
+            return dh.to(x_dtype), (dh.to(r_dtype) if has_res else None), None, None, None, None, None
         h, w, mean, rstd = ctx.saved_tensors
         M, D = h.shape
         dy2 = dy.contiguous().view(-1, D)
@@ -452,7 +457,8 @@ class _AddNormFn(torch.autograd.Function):
         db = db_part.sum(0).to(b_dtype) if has_bias and ctx.needs_input_grad[3] else None
         dx = dx.view(shape)
         # d(x + residual)/dx = d/dresidual = identity: both get the same tensor, as for torch's add
-        return dx, (dx if has_res else None), dw, db, None, None, None
+        # (cast to each input's dtype when they differ, e.g. a bf16 branch into an fp32 stream)
+        return dx.to(x_dtype), (dx.to(r_dtype) if has_res else None), dw, db, None, None, None
 
 
 class _BiasActFn(torch.autograd.Function):
@@ -535,8 +541,6 @@ def _check_add_norm(x, residual, weight, bias, eps) -> None:
         _check_float("residual", residual)
         if residual.shape != x.shape:
             raise ValueError(f"residual must have the shape of x {tuple(x.shape)}; got {tuple(residual.shape)}")
-        if residual.dtype != x.dtype:
-            raise TypeError(f"residual must have the dtype of x ({x.dtype}); got {residual.dtype}")
         if residual.device != x.device:
             raise ValueError(f"residual is on {residual.device} but x is on {x.device}")
     if weight is None:
@@ -555,7 +559,7 @@ def _torch_add_norm(x, residual, weight, bias, eps, is_rms, zero_centered):
         y = F.rms_norm(h, (h.shape[-1],), w, eps)
     else:
         y = F.layer_norm(h, (h.shape[-1],), w, bias.to(h.dtype) if bias is not None else None, eps)
-    return y, h
+    return y.to(h.dtype), h  # .to: a no-op except under autocast, which runs norms in fp32
 
 
 def fused_add_layer_norm(
@@ -572,7 +576,8 @@ def fused_add_layer_norm(
 
     Args:
         x: the branch output, (B, N, D) or any (..., D); float32, float16 or bfloat16.
-        residual: the residual stream, same shape and dtype as ``x``, or None (then ``h = x``).
+        residual: the residual stream, same shape as ``x``, or None (then ``h = x``). Its dtype may
+            differ (a bf16 branch output into an fp32 stream): ``h`` takes the promoted dtype.
         weight: gamma, (D,) (``gamma - 1`` when ``zero_centered_gamma``); any float dtype.
         bias: beta, (D,), or None.
         eps: added to the variance.
@@ -581,11 +586,12 @@ def fused_add_layer_norm(
             or ``"torch"`` (the composition ``F.layer_norm(x + residual)``).
 
     Returns:
-        ``(normed, new_residual)``, both shaped like ``x`` and in its dtype. ``new_residual`` is ``x``
-        itself when ``residual`` is None.
+        ``(normed, new_residual)``, both shaped like ``x`` in the dtype of ``x + residual`` (also under
+        autocast, where a plain norm would return fp32). ``new_residual`` is ``x`` itself when
+        ``residual`` is None.
 
     Raises:
-        ValueError: shapes, devices or ``eps`` are wrong. TypeError: dtypes are wrong.
+        ValueError: shapes, devices or ``eps`` are wrong. TypeError: a non-float tensor.
     """
     _check_add_norm(x, residual, weight, bias, eps)
     if not _want_triton(impl, x, whole_rows=True):
@@ -599,7 +605,7 @@ def fused_add_rms_norm(
     x: torch.Tensor,
     residual: torch.Tensor | None,
     weight: torch.Tensor,
-    eps: float = 1e-5,
+    eps: float | None = 1e-5,
     *,
     zero_centered_gamma: bool = False,
     impl: str = "auto",
@@ -607,8 +613,12 @@ def fused_add_rms_norm(
     """``h = x + residual``; ``normed = RMSNorm(h) = h * rsqrt(mean(h^2) + eps) * gamma``.
 
     Same arguments, returns and errors as :func:`fused_add_layer_norm`, without ``bias``; the torch
-    composition is ``F.rms_norm(x + residual)``.
+    composition is ``F.rms_norm(x + residual)``. ``eps=None`` means ``torch.finfo(dtype).eps`` of the
+    sum's dtype, as in ``F.rms_norm`` / ``nn.RMSNorm``.
     """
+    if eps is None and isinstance(x, torch.Tensor) and x.is_floating_point():
+        dt = torch.promote_types(x.dtype, residual.dtype) if isinstance(residual, torch.Tensor) else x.dtype
+        eps = torch.finfo(dt).eps
     _check_add_norm(x, residual, weight, None, eps)
     if not _want_triton(impl, x, whole_rows=True):
         return _torch_add_norm(x, residual, weight, None, eps, True, zero_centered_gamma)

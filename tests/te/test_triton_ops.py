@@ -177,7 +177,7 @@ def test_inside_torch_compile_the_composition_is_traced():
     [
         (lambda x, w: T.fused_add_layer_norm(x, torch.randn(2, 5, 7), w, None), ValueError,
          r"residual must have the shape.*\(2, 5, 8\).*\(2, 5, 7\)"),
-        (lambda x, w: T.fused_add_layer_norm(x, x.double(), w, None), TypeError, "residual must have the dtype"),
+        (lambda x, w: T.fused_add_layer_norm(x, x.long(), w, None), TypeError, "residual must be a floating-point"),
         (lambda x, w: T.fused_add_layer_norm(x, None, torch.ones(7), None), ValueError, r"weight must have shape \(8,\).*\(7,\)"),
         (lambda x, w: T.fused_add_layer_norm(x, None, w, torch.ones(2, 8)), ValueError, r"bias must have shape \(8,\).*\(2, 8\)"),
         (lambda x, w: T.fused_add_layer_norm(x, None, w, None, eps=0.0), ValueError, "eps must be a positive"),
@@ -303,6 +303,31 @@ def check_add_norm_fp16(kind):
     for got, want in zip(_grads((y, h), args, cot), _grads((y_ref, h_ref), args, cot)):
         assert got.dtype == want.dtype
         torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-2 if got.dim() == 1 else 2e-3)
+
+
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def check_add_norm_mixed_dtypes(kind):
+    """A half-precision branch output added to an fp32 residual stream (autocast): fp32 sum and output."""
+    torch.manual_seed(4)
+    x, r, w = _leaf(11, 96, dtype=torch.float16), _leaf(11, 96), _leaf(96)
+    b = _leaf(96) if kind == "layer" else None
+    args = (x, r, w, b)
+    y, h = _add_norm(kind, "triton", *args, 1e-5)
+    y_ref, h_ref = _add_norm(kind, "torch", *args, 1e-5)
+    assert y.dtype == h.dtype == torch.float32
+    torch.testing.assert_close(h, h_ref, rtol=0, atol=0)
+    torch.testing.assert_close(y, y_ref, **FP32)
+    cot = [torch.randn_like(y), torch.randn_like(y)]
+    got, want = _grads((y, h), args, cot), _grads((y_ref, h_ref), args, cot)
+    assert [g.dtype for g in got] == [t.dtype for t in args if t is not None]
+    for g, w_ in zip(got, want):
+        torch.testing.assert_close(g, w_, **(FP16 if g.dtype == torch.float16 else FP32))
+
+
+def check_rms_norm_eps_none_is_finfo_eps():
+    x, r, w = torch.randn(3, 40), torch.randn(3, 40), torch.randn(40)
+    y, h = T.fused_add_rms_norm(x, r, w, None, impl="triton")
+    torch.testing.assert_close(y, F.rms_norm(x + r, (40,), w, None), **FP32)
 
 
 @pytest.mark.parametrize("N", [192, 100, 8])
