@@ -1,0 +1,49 @@
+"""Weight adaptation between image-like tokenizers: RGB -> single channel, image -> video."""
+
+from __future__ import annotations
+
+import torch
+
+import mmte
+from mmte.tokenizers.image import ImageTokenizer, adapt_input_channels
+from mmte.tokenizers.infrared import InfraredTokenizer, XRayTokenizer
+from mmte.tokenizers.video import VideoTokenizer
+
+
+def test_rgb_patch_embed_summed_for_grey():
+    rgb = ImageTokenizer(32, img_size=32, patch_size=16)
+    for cls in (InfraredTokenizer, XRayTokenizer):
+        grey = cls(32, img_size=32, patch_size=16)
+        grey.load_rgb(rgb)
+        torch.testing.assert_close(grey.proj.weight, rgb.proj.weight.sum(1, keepdim=True))
+        x = torch.rand(2, 1, 32, 32)
+        # a grey image through the adapted stem == its RGB replica through the RGB stem
+        torch.testing.assert_close(grey(x).tokens, rgb(x.expand(-1, 3, -1, -1)).tokens, rtol=1e-5, atol=1e-5)
+
+
+def test_adapt_channels_tiles():
+    w = torch.randn(8, 3, 4, 4)
+    w4 = adapt_input_channels(w, 4)
+    assert w4.shape == (8, 4, 4, 4)
+    torch.testing.assert_close(w4[:, :3], w * 0.75)
+
+
+def test_video_inflation_static_clip_equals_image():
+    img = ImageTokenizer(32, img_size=32, patch_size=16)
+    vid = VideoTokenizer(32, img_size=32, patch_size=16, max_frames=4)
+    vid.inflate_from_image(img)
+    with torch.no_grad():
+        vid.time_embed.zero_()
+        vid.cls_token.copy_(img.cls_token)
+    frame = torch.rand(1, 3, 32, 32)
+    clip = frame[:, :, None].expand(-1, -1, 4, -1, -1)
+    v = vid(clip).tokens  # [1, 1 + 2*4, D]
+    i = img(frame).tokens  # [1, 1 + 4, D] (cls has its own position in the image tokenizer)
+    patches_v = v[:, 1:].reshape(1, 2, 4, 32)
+    for t in range(2):
+        torch.testing.assert_close(patches_v[:, t], i[:, 1:], rtol=1e-5, atol=1e-5)
+
+
+def test_create_names_match_classes():
+    assert type(mmte.tokenizers.create("infrared", dim=16, img_size=32)) is InfraredTokenizer
+    assert type(mmte.tokenizers.create("xray", dim=16, img_size=32)) is XRayTokenizer
