@@ -145,16 +145,18 @@ def dispatches_to_triton(x: torch.Tensor, hidden: int | None = None) -> bool:
     return available(x.device)[0]
 
 
-def _want_triton(impl: str, x: torch.Tensor, *, whole_rows: bool) -> bool:
+def _want_triton(impl: str, x: torch.Tensor, *, whole_rows: bool, residual: torch.Tensor | None = None) -> bool:
     """Resolve ``impl`` for ``x``; ``whole_rows``: the kernel keeps a row in registers (the norms)."""
     if impl not in _IMPLS:
         raise ValueError(f"impl must be one of {list(_IMPLS)}; got {impl!r}")
     if impl == "torch":
         return False
+    r_ok = residual is None or residual.dtype in _KERNEL_DTYPES
     if impl == "auto":
-        return dispatches_to_triton(x, None if whole_rows else 1)
-    if x.dtype not in _KERNEL_DTYPES:
-        raise TypeError(f"the Triton kernels take float32/float16/bfloat16 tensors; got {x.dtype}")
+        return r_ok and dispatches_to_triton(x, None if whole_rows else 1)
+    if x.dtype not in _KERNEL_DTYPES or not r_ok:
+        got = x.dtype if x.dtype not in _KERNEL_DTYPES else residual.dtype
+        raise TypeError(f"the Triton kernels take float32/float16/bfloat16 tensors; got {got}")
     if whole_rows and x.shape[-1] > MAX_HIDDEN:
         raise ValueError(f"the Triton kernels take rows of at most {MAX_HIDDEN} elements; got {x.shape[-1]}")
     ok, why = available(x.device)
@@ -594,7 +596,7 @@ def fused_add_layer_norm(
         ValueError: shapes, devices or ``eps`` are wrong. TypeError: a non-float tensor.
     """
     _check_add_norm(x, residual, weight, bias, eps)
-    if not _want_triton(impl, x, whole_rows=True):
+    if not _want_triton(impl, x, whole_rows=True, residual=residual):
         return _torch_add_norm(x, residual, weight, bias, eps, False, zero_centered_gamma)
     if residual is None:
         return _AddNormFn.apply(x, None, weight, bias, eps, False, zero_centered_gamma), x
@@ -620,7 +622,7 @@ def fused_add_rms_norm(
         dt = torch.promote_types(x.dtype, residual.dtype) if isinstance(residual, torch.Tensor) else x.dtype
         eps = torch.finfo(dt).eps
     _check_add_norm(x, residual, weight, None, eps)
-    if not _want_triton(impl, x, whole_rows=True):
+    if not _want_triton(impl, x, whole_rows=True, residual=residual):
         return _torch_add_norm(x, residual, weight, None, eps, True, zero_centered_gamma)
     if residual is None:
         return _AddNormFn.apply(x, None, weight, None, eps, True, zero_centered_gamma), x

@@ -155,6 +155,8 @@ def test_fp64_empty_and_wide_rows_use_the_composition():
         T.fused_add_rms_norm(wide, None, torch.ones(wide.shape[-1]), impl="triton")
     with pytest.raises(TypeError, match="float32/float16/bfloat16"):
         T.bias_gelu(torch.randn(2, 8, dtype=torch.float64), None, impl="triton")
+    with pytest.raises(TypeError, match="got torch.float64"):
+        T.fused_add_layer_norm(torch.randn(2, 8), torch.randn(2, 8, dtype=torch.float64), torch.ones(8), None, impl="triton")
     y, h = T.fused_add_rms_norm(wide, wide, torch.ones(wide.shape[-1]))  # "auto": the composition
     torch.testing.assert_close(y, F.rms_norm(2 * wide, (wide.shape[-1],), eps=1e-5), **FP32)
 
