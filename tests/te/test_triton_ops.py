@@ -5,7 +5,9 @@ kernel is built, and other tests in the same pytest process may already have imp
 kernel checks -- the ``check_*`` functions below, which pytest does not collect by default -- run in
 one subprocess: ``test_kernels_under_triton_interpreter`` starts ``pytest`` on this file with
 ``TRITON_INTERPRET=1`` and ``-o python_functions=check_*``. The ``test_*`` functions run in the main
-process and cover dispatch, the fallback and input validation.
+process and cover dispatch, the fallback, input validation, tracing under torch.compile, and the
+compiled (GPU) code path, which the interpreter never exercises: every kernel is compiled to an sm_90
+cubin by triton's bundled ptxas (no GPU needed). Running the kernels on a GPU is for bench/kernels.py.
 
 Tolerances: fp32 forward and backward within rtol 1.3e-6 / atol 1e-5 (TransformerEngine's fp32
 tolerances) of the autograd graph of the torch composition; fp16 within one fp16 rounding of it
