@@ -385,12 +385,12 @@ def _norm_tiles(D: int) -> tuple[int, int, int]:
 
 def _reduction_split(M: int, block_m: int, device: torch.device) -> tuple[int, int]:
     """(programs, rows_per_program) for a backward that reduces over rows into partial sums."""
-    g = min(triton_cdiv(M, block_m), _num_programs_for_reduction(device.type, device.index))
-    rows_per_prog = triton_cdiv(triton_cdiv(M, g), block_m) * block_m
-    return triton_cdiv(M, rows_per_prog), rows_per_prog
+    g = min(_cdiv(M, block_m), _num_programs_for_reduction(device.type, device.index))
+    rows_per_prog = _cdiv(_cdiv(M, g), block_m) * block_m
+    return _cdiv(M, rows_per_prog), rows_per_prog
 
 
-def triton_cdiv(a: int, b: int) -> int:
+def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
@@ -416,7 +416,7 @@ class _AddNormFn(torch.autograd.Function):
         rstd = torch.empty(M, device=x.device, dtype=torch.float32)
         block_m, block_d, warps = _norm_tiles(D)
         with _device_guard(x):
-            _kernels()["add_norm_fwd"][(triton_cdiv(M, block_m),)](
+            _kernels()["add_norm_fwd"][(_cdiv(M, block_m),)](
                 x2, r2 if r2 is not None else x2, w, b if b is not None else w, y, h, mean, rstd,
                 M, D, float(eps),
                 HAS_RES=r2 is not None, STORE_H=r2 is not None, HAS_BIAS=b is not None, IS_RMS=is_rms,
@@ -475,7 +475,7 @@ class _BiasActFn(torch.autograd.Function):
         y = torch.empty_like(x2)
         block_m, block_n, warps = _act_tiles(N)
         with _device_guard(x):
-            _kernels()["bias_act_fwd"][(triton_cdiv(M, block_m), triton_cdiv(N, block_n))](
+            _kernels()["bias_act_fwd"][(_cdiv(M, block_m), _cdiv(N, block_n))](
                 x2, b if b is not None else x2, y, M, N,
                 HAS_BIAS=b is not None, ACT=act, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
             )  # fmt: skip
@@ -498,7 +498,7 @@ class _BiasActFn(torch.autograd.Function):
         g, rows_per_prog = _reduction_split(M, block_m, x2.device)
         db_part = torch.empty((g, N), device=x2.device, dtype=torch.float32) if b is not None else dx
         with _device_guard(x2):
-            _kernels()["bias_act_bwd"][(g, triton_cdiv(N, block_n))](
+            _kernels()["bias_act_bwd"][(g, _cdiv(N, block_n))](
                 dy2, x2, b if b is not None else x2, dx, db_part, M, N, rows_per_prog,
                 HAS_BIAS=b is not None, ACT=ctx.act, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
             )  # fmt: skip
