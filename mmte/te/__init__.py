@@ -4,6 +4,7 @@ Every module takes ``params_dtype`` and ``device`` (``"meta"`` included) and imp
 ``reset_parameters()``. GEMMs are :class:`Linear` instances (the FP8 and tensor-parallel hook point).
 """
 
+from . import triton_ops
 from .attention import ATTN_MASK_TYPES, DotProductAttention, MultiheadAttention, expand_padding_mask
 from .backend import BACKENDS, TELayer, te_available
 from .fusion import fuse, is_fused, unfuse
@@ -29,6 +30,7 @@ __all__ = [
     "TELayer",
     "TransformerLayer",
     "activation_fn",
+    "triton_ops",
     "expand_padding_mask",
     "fuse",
     "is_fused",

@@ -187,7 +187,7 @@ class TransformerLayer(nn.Module):
         norm = mlp.norm
         zc = getattr(norm, "zero_centered_gamma", False)
         if isinstance(norm, nn.RMSNorm):
-            h, x = triton_ops.fused_add_rms_norm(attn, x, norm.weight, norm.eps or 1e-5, zero_centered_gamma=zc)
+            h, x = triton_ops.fused_add_rms_norm(attn, x, norm.weight, norm.eps, zero_centered_gamma=zc)
         else:
             h, x = triton_ops.fused_add_layer_norm(attn, x, norm.weight, norm.bias, norm.eps, zero_centered_gamma=zc)
         fc1 = mlp.fc1
