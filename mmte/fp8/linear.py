@@ -219,6 +219,12 @@ class FP8Linear(Linear):
         for n in _FP8_BUFFERS:  # a high-precision checkpoint: start with fresh scaling state
             if not present[n] and prefix + n in missing_keys:
                 missing_keys.remove(prefix + n)
+        # a checkpoint saved between a backward and the next forward holds a pending gradient amax:
+        # queue it so the next autocast entry applies it, exactly as in the run that saved it
+        p = self.fp8_amax_pending
+        if present["fp8_amax_pending"] and isinstance(self.fp8_recipe, DelayedScaling) and p.device.type != "meta":
+            if bool(p[_GRAD] != 0):
+                _register_backward(self, self.fp8_recipe, None)
 
     # --- quantization --------------------------------------------------------------------------------
     def _ensure_history(self, length: int) -> None:
