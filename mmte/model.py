@@ -262,7 +262,7 @@ class MetaTransformer(nn.Module):
             inputs, weight = _as_list(cfg.pop("inputs", None)), float(cfg.pop("weight", 1.0))
             has_target = "target" in cfg
             target = cfg.pop("target", None)
-            cls = heads_mod.HEADS.get(kind)
+            cls = heads_mod.get_head(kind)
             if getattr(cls, "multi_input", False):
                 cfg.setdefault("modalities", inputs or list(self.tokenizers))
                 inputs = list(cfg["modalities"])

@@ -26,6 +26,7 @@ __all__ = [
     "compute_fbank",
     "example_audio",
     "load_audio",
+    "pad_or_crop",
     "preprocess_audio",
 ]
 
@@ -99,6 +100,16 @@ def compute_fbank(
     if mean is not None and std is not None:
         fb = (fb - mean) / (2 * std)
     return fb
+
+
+def pad_or_crop(fbank: torch.Tensor, min_frames: int | None = None, max_frames: int | None = None, value: float = 0.0) -> torch.Tensor:
+    """Crop an fbank ``[frames, mel]`` to ``max_frames`` (keeping the start) and pad it with ``value``
+    to ``min_frames`` (e.g. the tokenizer's patch size for very short clips)."""
+    if max_frames is not None and fbank.shape[0] > max_frames:
+        fbank = fbank[:max_frames]
+    if min_frames is not None and fbank.shape[0] < min_frames:
+        fbank = torch.cat([fbank, fbank.new_full((min_frames - fbank.shape[0], fbank.shape[1]), value)])
+    return fbank
 
 
 def preprocess_audio(source, sample_rate: int | None = None, **fbank_kwargs) -> torch.Tensor:

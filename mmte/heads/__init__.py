@@ -21,7 +21,9 @@ __all__ = [
     "Head",
     "RegressionHead",
     "TokenHead",
+    "UnknownHeadError",
     "create",
+    "get_head",
     "info_nce",
     "list_heads",
     "masked_pool",
@@ -45,10 +47,28 @@ def list_heads(pattern: str = "*") -> list[str]:
     return HEADS.list(pattern)
 
 
-def create(name: str, dim: int, **kwargs) -> Head:
-    """Build the head registered as ``name`` with width ``dim``.
+class UnknownHeadError(ValueError, KeyError):
+    """An unknown head name (a ``ValueError`` and a ``KeyError``)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def get_head(name: str) -> type[Head]:
+    """The head class registered as ``name``.
 
     Raises:
-        KeyError: for an unknown name, listing the registered heads.
+        UnknownHeadError: naming the registered heads.
     """
-    return HEADS.create(name, dim, **kwargs)
+    if name not in HEADS:
+        raise UnknownHeadError(f"unknown head {name!r}; registered heads: {', '.join(HEADS.list())}")
+    return HEADS.get(name)
+
+
+def create(name: str, dim: int, **kwargs) -> Head:
+    """Build the head registered as ``name`` with width ``dim`` (keyword arguments go to its class).
+
+    Raises:
+        UnknownHeadError: (a ``ValueError``) for an unknown name, listing the registered heads.
+    """
+    return get_head(name)(dim, **kwargs)
