@@ -89,3 +89,17 @@ def test_graph_edge_out_of_range():
     tok = mmte.tokenizers.create("graph", dim=32, node_dim=2, num_eigvecs=2)
     with pytest.raises(ValueError, match=r"edge 1 of graph 0 is \[1, 5\]"):
         tok(torch.zeros(1, 3, 2), torch.tensor([[[0, 1], [1, 5]]]), torch.zeros(1, 3, 2))
+
+
+def test_config_dataclass_per_modality():
+    import dataclasses
+
+    for name in mmte.list_modalities():
+        spec = mmte.get_modality(name)
+        assert dataclasses.is_dataclass(spec.config), name
+        fields = {f.name: f.default for f in dataclasses.fields(spec.config)}
+        assert "dim" not in fields and "device" not in fields, name
+        # the example config is a valid config
+        spec.make_config(**spec.example_config)
+    fields = {f.name: f.default for f in dataclasses.fields(mmte.get_modality("audio").config)}
+    assert fields["num_mel_bins"] == 128 and fields["patch_size"] == 16 and fields["stride"] == 10
