@@ -236,11 +236,14 @@ class MMTEStrategy(ModelParallelStrategy):
         if self.dims.pp == 1 or self.parallelized is None:
             return super().training_step(*args, **kwargs)
         batch = args[0] if args else kwargs["batch"]
+        # Lightning's wrappers: their step() advances the trainer's global step (max_steps, logging)
+        opts = self.lightning_module.optimizers(use_pl_optimizer=True)
+        opts = opts if isinstance(opts, list) else [opts]
         with self.precision_plugin.train_step_context():
-            for opt in self.optimizers:
+            for opt in opts:
                 opt.zero_grad(set_to_none=True)
             loss = self._run_schedule(batch)
-            for opt in self.optimizers:
+            for opt in opts:
                 opt.step()
             for cfg in self.lr_scheduler_configs:
                 if cfg.interval == "step":

@@ -1,0 +1,93 @@
+"""Fit the tiny test model with Lightning + MMTEStrategy; rank 0 writes the per-step losses as JSON.
+
+Usage: python tests/parallel/lightning_fit.py OUT.json '{"tp": 2}' [steps]
+(Lightning re-launches this script once per device.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+from tests.parallel._workers import batch, make_model  # noqa: E402
+
+
+class TinyModule(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.model = make_model()
+        self.loss_fn = F.cross_entropy
+        self.losses: list[float] = []
+
+    def training_step(self, b, i):
+        x, y = b
+        return F.cross_entropy(self.model(x), y)
+
+    def on_train_batch_end(self, outputs, b, i):
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        self.losses.append(float(loss))
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+
+def data(steps: int) -> DataLoader:
+    xs, ys = zip(*(batch(s) for s in range(steps)))
+    return DataLoader(TensorDataset(torch.cat(xs), torch.cat(ys)), batch_size=8, shuffle=False)
+
+
+def reference(steps: int) -> list[float]:
+    m = make_model()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    out = []
+    for s in range(steps):
+        x, y = batch(s)
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        out.append(loss.item())
+    return out
+
+
+def main() -> None:
+    if os.environ.get("MMTE_FAULT"):
+        import faulthandler
+
+        faulthandler.dump_traceback_later(float(os.environ["MMTE_FAULT"]), exit=True)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    out, spec = sys.argv[1], json.loads(sys.argv[2])
+    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 4
+    from mmte.training.strategy import MMTEStrategy
+
+    devices = spec.pop("devices", 2)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy=MMTEStrategy(**spec),
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=os.path.dirname(out),
+        use_distributed_sampler=False,  # every rank (dp=1) reads the same, unshuffled batches as the reference
+    )
+    module = TinyModule()
+    trainer.fit(module, data(steps))
+    if trainer.global_rank == 0:
+        with open(out, "w") as f:
+            json.dump(module.losses, f)
+
+
+if __name__ == "__main__":
+    main()
