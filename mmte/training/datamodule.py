@@ -63,19 +63,23 @@ class EpochSeededSampler(Sampler[int]):
         return self.n
 
 
-def _preprocess_fn(modality: str, options: Mapping[str, Any] | None, min_frames: int | None = None) -> Callable[[Any], Any]:
+def _preprocess_fn(
+    modality: str, options: Mapping[str, Any] | None, min_frames: int | None = None, max_frames: int | None = None
+) -> Callable[[Any], Any]:
     spec = get_modality(modality)
     if spec.preprocess is None:
         raise ValueError(f"modality {modality!r} has no preprocessing registered; give ready tensors instead")
     opts = dict(options or {})
     fn = partial(spec.preprocess, **opts)
-    if modality != "audio" or not min_frames:
+    if modality != "audio" or not (min_frames or max_frames):
         return _as_array_input(fn, modality)
 
     def audio(path):
         fb = fn(path)
-        if fb.shape[0] < min_frames:  # very short clips: repeat the last frame up to one patch
+        if min_frames and fb.shape[0] < min_frames:  # very short clips: repeat the last frame up to one patch
             fb = torch.cat([fb, fb[-1:].expand(min_frames - fb.shape[0], -1)], 0)
+        if max_frames and fb.shape[0] > max_frames:  # long clips: keep the first max_frames frames
+            fb = fb[:max_frames]
         return fb
 
     return audio
@@ -237,6 +241,7 @@ class FolderDataModule(MMTEDataModule):
             unreadable files with one warning giving their count).
         preprocess: keyword arguments of the modality's preprocessing.
         min_frames: audio only: pad fbanks shorter than this (one patch) by repeating the last frame.
+        max_frames: audio only: keep at most this many frames of a clip (None: all).
         **kwargs: :class:`MMTEDataModule` options.
     """
 
@@ -254,26 +259,24 @@ class FolderDataModule(MMTEDataModule):
         on_corrupt: str = "error",
         preprocess: dict[str, Any] | None = None,
         min_frames: int | None = 16,
+        max_frames: int | None = None,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
         self.modality, self.preprocess = modality, dict(preprocess or {})
-        self._fn = _preprocess_fn(modality, self.preprocess, min_frames)
+        self._fn = _preprocess_fn(modality, self.preprocess, min_frames, max_frames)
+        self.max_frames = max_frames
         self.data_dir, self.val_regex, self.test_regex = data_dir, val_regex, test_regex
         self.min_frames = min_frames
         ds, self.class_names = mds.files_dataset(
             data_dir, pattern, label_regex=label_regex, labels_csv=labels_csv, file_column=file_column, label_column=label_column
         )
         good = mds.check_files(ds["path"], modality, on_corrupt)
-        if len(good) < len(ds):
+        n_all = len(ds)
+        if len(good) < n_all:
             ds = ds.select(good)
-        self.skipped = len(self._all_names(ds)) and (len(mds.files_dataset.__defaults__ or ()) * 0)  # placeholder count below
-        self.skipped = 0 if len(good) == len(ds) else None
+        self.skipped = n_all - len(good)
         self._raw = ds.add_column("index", list(range(len(ds))))
-
-    @staticmethod
-    def _all_names(ds) -> list[str]:
-        return ds["name"]
 
     def split(self) -> dict[str, list[int]]:
         """Row indices of each split (by the regexes, else random and stratified)."""
@@ -299,7 +302,7 @@ class FolderDataModule(MMTEDataModule):
         self.collates = {self.modality: get_modality(self.modality).collate_fn}
         for s, idx in self.split().items():
             ds = self._raw.select(idx)
-            self.datasets[s] = self._prepare(ds, fns, (self.modality, self.preprocess, self.min_frames))
+            self.datasets[s] = self._prepare(ds, fns, (self.modality, self.preprocess, self.min_frames, self.max_frames))
             self.names[s] = ds["name"]
 
     def split_dataset(self, split: str):
@@ -515,6 +518,6 @@ class PairedDataModule(MMTEDataModule):
 
 def _labels(ds) -> list[int]:
     """A preprocessed dataset's labels without running its transform."""
-    raw = ds.with_transform(None) if hasattr(ds, "with_transform") else ds
+    raw = ds.with_format(None)
     col = raw["label"]
     return [int(v) for v in (col.tolist() if hasattr(col, "tolist") else col)]

@@ -202,12 +202,12 @@ def apply_data_info(tokenizers: Mapping[str, Any], heads: Mapping[str, Any], inf
             fill(h, "out_dim", info.get("out_dim"), f"model.heads.{name}")
         elif kind == "forecasting":
             fill(h, "horizon", info.get("horizon"), f"model.heads.{name}")
-            if h.get("num_patches") == "auto" or (h.get("num_patches") is None and "num_patches" in h):
-                h["num_patches"] = None
-            if h.get("num_patches", "auto") == "auto" and info.get("input_len"):
-                h["num_patches"] = _num_patches(toks, h, int(info["input_len"]))
-            elif h.get("num_patches", "auto") == "auto":
-                h.pop("num_patches", None)
+            # num_patches: "auto" / absent -> computed from the input length (None: mean-pool head)
+            if h.get("num_patches", "auto") == "auto":
+                if info.get("input_len"):
+                    h["num_patches"] = _num_patches(toks, h, int(info["input_len"]))
+                else:
+                    h.pop("num_patches", None)
     return toks, hds
 
 
