@@ -95,7 +95,7 @@ def test_joint_fusion_mask_is_concatenated():
     assert torch.equal(joint.mask, torch.cat([am, torch.ones(2, 5, dtype=torch.bool)], 1))
 
 
-def test_separate_fusion_contrastive_pairs_learn_retrieval():
+def test_separate_fusion_contrastive_pairs_learn_retrieval(one_thread):
     torch.manual_seed(0)
     model = mmte.MetaTransformer(
         {"image": IMG, "tabular": TAB},
@@ -294,6 +294,16 @@ def test_ddp_batches_lacking_a_modality(tmp_path):
 
 
 # --------------------------------------------------------------------------- learning, real data
+@pytest.fixture
+def one_thread():
+    """These tiny models gain nothing from intra-op threads, and on a shared 2-core machine the
+    threads' spin-waits make them several times slower; run them on one thread."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _train(model, batches, steps: int, lr: float) -> float:
     params = [p for p in model.parameters() if p.requires_grad]
     assert params and not any(n.startswith("backbone.") for n in model.trainable_parameter_names())
@@ -317,15 +327,20 @@ def fsdd_fbanks():
     if not d.is_dir():
         pytest.skip(f"FSDD recordings not found at {d}")
     train, test = [], []
-    for f in sorted(d.glob("*.wav")):
-        digit, _, idx = f.stem.split("_")
-        w, sr = load_audio(f)
-        fb = pad_or_crop(compute_fbank(w, sr), min_frames=16, max_frames=64)  # 0.64 s covers ~95% of the clips
-        (test if int(idx) < 5 else train).append((fb, int(digit)))
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for f in sorted(d.glob("*.wav")):
+            digit, _, idx = f.stem.split("_")
+            w, sr = load_audio(f)
+            fb = pad_or_crop(compute_fbank(w, sr), min_frames=16, max_frames=64)  # 0.64 s covers ~95% of the clips
+            (test if int(idx) < 5 else train).append((fb, int(digit)))
+    finally:
+        torch.set_num_threads(n)
     return train, test
 
 
-def test_learns_spoken_digits_fsdd(fsdd_fbanks):
+def test_learns_spoken_digits_fsdd(fsdd_fbanks, one_thread):
     """FSDD: 8 kHz WAVs -> 16 kHz Kaldi fbank -> AST patches -> frozen tiny backbone -> max pool + MLP.
     Trained on the train split (index 5-49), evaluated on the dataset's test split (index 0-4)."""
     train, test = fsdd_fbanks
@@ -348,7 +363,7 @@ def test_learns_spoken_digits_fsdd(fsdd_fbanks):
     assert acc > 0.75, f"FSDD accuracy {acc:.3f}"
 
 
-def test_learns_sklearn_digits():
+def test_learns_sklearn_digits(one_thread):
     """sklearn digits (8x8 grey): image tokenizer with 4x4 patches, frozen tiny backbone; the last 297
     images are held out."""
     from sklearn.datasets import load_digits
@@ -375,7 +390,7 @@ def test_learns_sklearn_digits():
     assert acc > 0.8, f"digits accuracy {acc:.3f}"
 
 
-def test_forecasts_etth1_better_than_last_value():
+def test_forecasts_etth1_better_than_last_value(one_thread):
     """ETTh1, standard 12/4/4-month split, train-split standardisation, input 96 -> horizon 96,
     PatchTST tokens (patch 16, stride 8, RevIN) on a frozen tiny backbone + flatten head."""
     from mmte.data.time_series import ETT_HOURLY_BORDERS, load_csv_series, sliding_windows

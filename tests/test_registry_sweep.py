@@ -15,6 +15,15 @@ from mmte.tokenizers.registry import get_modality
 from .tokenizers.helpers import call_tokenizer, example_batch, head_spec, pooled, tiny_model
 
 MODALITIES = mmte.list_modalities()
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Many tiny forward/backward passes: intra-op threads only add spin-wait overhead here."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 BUILTINS = ["text", "image", "infrared", "xray", "hyperspectral", "audio", "video", "point_cloud", "tabular", "graph", "time_series", "imu"]
 POLICIES = ["backbone", "tokenizers", "none", ["backbone.layers.0.*", "heads.*.proj*"]]
 
