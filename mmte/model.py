@@ -29,7 +29,9 @@ Constructor (every argument is plain data, so a YAML file can hold it; see :func
   modalities it reads (default: all tokenizers); ``target`` the batch key of its target (default:
   the head's own, ``"label"`` for classification/regression, ``"target"`` for forecasting,
   ``"token_labels"`` for token-level, none for contrastive); ``weight`` its loss weight (1.0); the rest
-  are the head's keyword arguments. Head names must not be ``"loss"``.
+  are the head's keyword arguments. Without ``name`` a head reading one registry-built modality is
+  that modality's default head (e.g. ``{"num_classes": 10}`` on audio: mean-pooled classification).
+  Head names must not be ``"loss"``.
 * **fusion**:
   ``"single"`` one tokenizer, the backbone sees its tokens;
   ``"joint"`` the present modalities' token sequences are concatenated (in tokenizer order) into one
@@ -208,6 +210,7 @@ class MetaTransformer(nn.Module):
             self.backbone = self._build_backbone(backbone, backbone_weights)
             dim = self.backbone.hidden_size
             self.dim = dim
+            self.modality_names: dict[str, str | None] = {}
             self.tokenizers = nn.ModuleDict({k: self._build_tokenizer(k, v, dim) for k, v in tokenizers.items()})
             self.modality_embed = ModalityEmbedding(list(tokenizers), dim) if fusion == "joint" else None
             self.heads = nn.ModuleDict({k: self._build_head(k, v, dim) for k, v in (heads or {}).items()})
@@ -234,15 +237,18 @@ class MetaTransformer(nn.Module):
             return Backbone(backbone)
         raise TypeError(f"backbone must be a preset name, BackboneConfig, Backbone or Encoder; got {type(backbone).__name__}")
 
-    @staticmethod
-    def _build_tokenizer(key: str, spec, dim: int) -> nn.Module:
+    def _build_tokenizer(self, key: str, spec, dim: int) -> nn.Module:
+        self.modality_names[key] = None
         if isinstance(spec, nn.Module):
             tok = spec
         elif isinstance(spec, str):
             tok = get_modality(spec).create(dim)
+            self.modality_names[key] = spec
         elif isinstance(spec, Mapping):
             cfg = dict(spec)
-            tok = get_modality(cfg.pop("name", key)).create(dim, **cfg)
+            name = cfg.pop("name", key)
+            tok = get_modality(name).create(dim, **cfg)
+            self.modality_names[key] = name
         else:
             raise TypeError(f"tokenizer for {key!r} must be a registry name, a config dict or an nn.Module; got {type(spec).__name__}")
         if getattr(tok, "dim", dim) != dim:
@@ -257,7 +263,11 @@ class MetaTransformer(nn.Module):
         elif isinstance(spec, Mapping):
             cfg = dict(spec)
             if "name" not in cfg:
-                raise ValueError(f"head {name!r} needs a 'name' (one of {heads_mod.list_heads()}); got {spec!r}")
+                ins = _as_list(cfg.get("inputs")) or list(self.tokenizers)
+                reg = self.modality_names.get(ins[0]) if len(ins) == 1 else None
+                if reg is None:
+                    raise ValueError(f"head {name!r} needs a 'name' (one of {heads_mod.list_heads()}); got {spec!r}")
+                cfg = {**get_modality(reg).default_head, **cfg}  # the modality's default head
             kind = cfg.pop("name")
             inputs, weight = _as_list(cfg.pop("inputs", None)), float(cfg.pop("weight", 1.0))
             has_target = "target" in cfg

@@ -427,3 +427,21 @@ def test_forecasts_etth1_better_than_last_value(one_thread):
     print(f"ETTh1 96->96 test: MAE {mae:.3f} MSE {mse:.3f}; last-value MAE {base_mae:.3f} MSE {base_mse:.3f}")
     assert 0.6 < base_mae < 0.8  # the known "repeat" figure for this split (~0.71)
     assert mae < 0.8 * base_mae, (mae, base_mae)
+
+
+def test_default_head_and_channel_pooling():
+    # no head name: the modality's registered default head (time series -> forecasting)
+    model = mmte.MetaTransformer({"ts": {"name": "time_series", "num_channels": 3}}, "tiny", {"f": {"horizon": 12}})
+    assert type(model.heads["f"]).__name__ == "ForecastingHead" and model.heads["f"].target == "target"
+    x = torch.randn(4, 64, 3)
+    assert model({"ts": x})["f"].shape == (4, 12, 3)
+    # a classification head on channel-independent sequences averages the channels per sample
+    clf = mmte.MetaTransformer({"ts": {"name": "time_series", "num_channels": 3}}, "tiny", {"c": {"name": "classification", "num_classes": 2}})
+    with torch.no_grad():
+        out = clf({"ts": x})["c"]
+        hidden, seq = clf.forward_backbone(clf.forward_tokens({"ts": x}))["ts"]
+        ref = clf.heads["c"].mlp(hidden.mean(1).reshape(4, 3, -1).mean(1))
+    assert out.shape == (4, 2)
+    torch.testing.assert_close(out, ref)
+    with pytest.raises(ValueError, match="needs a 'name'"):
+        mmte.MetaTransformer({"a": mmte.tokenizers.create("imu", dim=64)}, "tiny", {"h": {"num_classes": 2}})

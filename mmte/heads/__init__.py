@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..registry import Registry
 from .base import POOLINGS, Head, masked_pool
-from .heads import ClassificationHead, ContrastiveHead, ForecastingHead, RegressionHead, TokenHead, info_nce
+from .heads import ClassificationHead, ContrastiveHead, ForecastingHead, RegressionHead, TokenHead, info_nce, pool_sequence
 
 __all__ = [
     "HEADS",
@@ -27,6 +27,7 @@ __all__ = [
     "info_nce",
     "list_heads",
     "masked_pool",
+    "pool_sequence",
     "register_head",
 ]
 

@@ -11,7 +11,7 @@ from torch import nn
 from ..tokenizers.base import TokenSeq
 from .base import POOLINGS, Head, masked_pool
 
-__all__ = ["ClassificationHead", "ContrastiveHead", "ForecastingHead", "RegressionHead", "TokenHead", "info_nce"]
+__all__ = ["ClassificationHead", "ContrastiveHead", "ForecastingHead", "RegressionHead", "TokenHead", "info_nce", "pool_sequence"]
 
 
 def _mlp(dim: int, out: int, hidden: int | None, dropout: float, norm: bool) -> nn.Sequential:
@@ -25,12 +25,26 @@ def _mlp(dim: int, out: int, hidden: int | None, dropout: float, norm: bool) -> 
     return nn.Sequential(*layers)
 
 
-def _pool_for(seq: TokenSeq | None, pool: str) -> int:
-    return seq.num_prefix_tokens if seq is not None else 0
+def pool_sequence(hidden: torch.Tensor, seq: TokenSeq | None, pool: str) -> torch.Tensor:
+    """Pool ``[B, N, D]`` to ``[B, D]`` honouring ``seq``'s mask and prefix tokens. Channel-independent
+    sequences (``seq.extras["channels"] = C``: ``B*C`` sequences, e.g. time series) are pooled per
+    sequence and then averaged over each sample's ``C`` channels."""
+    mask = seq.mask if seq is not None else None
+    prefix = seq.num_prefix_tokens if seq is not None else 0
+    out = masked_pool(hidden, mask, pool, prefix)
+    c = int(seq.extras.get("channels", 1)) if seq is not None else 1
+    if c > 1:
+        if out.shape[0] % c:
+            raise ValueError(f"got {out.shape[0]} channel sequences, not a multiple of channels={c}")
+        out = out.reshape(-1, c, out.shape[-1]).mean(1)
+    return out
 
 
 class ClassificationHead(Head):
     """Pool the sequence, then LayerNorm + Linear (or a one-hidden-layer MLP) -> logits ``[B, C]``.
+
+    Channel-independent inputs (time series: ``B*C`` sequences) are pooled per channel and averaged
+    over the channels, so the output is still per sample.
 
     Args:
         dim: hidden width ``D``.
@@ -62,8 +76,7 @@ class ClassificationHead(Head):
 
     def forward(self, hidden: torch.Tensor, seq: TokenSeq | None = None) -> torch.Tensor:
         self._check_hidden(hidden, seq, self.dim)
-        mask = seq.mask if seq is not None else None
-        return self.mlp(masked_pool(hidden, mask, self.pool, _pool_for(seq, self.pool)))
+        return self.mlp(pool_sequence(hidden, seq, self.pool))
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if target is None or target.dim() != 1 or target.shape[0] != output.shape[0]:
@@ -95,8 +108,7 @@ class RegressionHead(Head):
 
     def forward(self, hidden: torch.Tensor, seq: TokenSeq | None = None) -> torch.Tensor:
         self._check_hidden(hidden, seq, self.dim)
-        mask = seq.mask if seq is not None else None
-        return self.mlp(masked_pool(hidden, mask, self.pool, _pool_for(seq, self.pool)))
+        return self.mlp(pool_sequence(hidden, seq, self.pool))
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         target = target.to(output.dtype).reshape(output.shape) if target is not None and target.numel() == output.numel() else target
@@ -262,7 +274,7 @@ class ContrastiveHead(Head):
         for m in self.modalities:
             hidden, seq = features[m]
             self._check_hidden(hidden, seq, self.dim)
-            pooled = masked_pool(hidden, seq.mask if seq is not None else None, self.pool, _pool_for(seq, self.pool))
+            pooled = pool_sequence(hidden, seq, self.pool)
             out[m] = F.normalize(self.proj[m](pooled), dim=-1)
         a, b = (out[m] for m in self.modalities)
         if a.shape[0] != b.shape[0]:
