@@ -67,7 +67,7 @@ def compare_grads(model: nn.Module, ref: nn.Module, tag: str, atol: float = ATOL
     ref_p = dict(ref.named_parameters())
     n = 0
     for name, p in model.named_parameters():
-        name = name.replace("_checkpoint_wrapped_module.", "").replace("module.", "", 1) if name.startswith("module.") else name
+        name = name.removeprefix("module.")  # DDP's wrapper
         assert p.grad is not None, f"{tag}: {name} has no grad"
         assert_close(p.grad, ref_p[name].grad, f"{tag} grad {name}", atol)
         n += 1
@@ -127,6 +127,27 @@ def tp_worker(rank: int, world: int, tmp: str) -> None:
     if rank == 0:
         with open(os.path.join(tmp, "tp2_losses.json"), "w") as f:
             json.dump(losses, f)
+
+    # DDP over 2 replicas (bucket size + static graph options): 3 steps equal one process on the global batch
+    mesh = build_mesh(ParallelDims(dp_replicate=2, dp_shard=1).resolve(world))
+    cfg = ParallelConfig(ddp={"bucket_cap_mb": 0.01, "static_graph": True})
+    par = parallelize(make_model(), mesh, cfg)
+    assert type(par.model).__name__ == "DistributedDataParallel", type(par.model)
+    ref = make_model()
+    opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (par.model, ref))
+    for step in range(3):
+        xb, yb = batch(step)
+        ref_loss = F.cross_entropy(ref(xb), yb)
+        ref_loss.backward()
+        loss = F.cross_entropy(par.model(xb.chunk(2)[rank]), yb.chunk(2)[rank])
+        loss.backward()
+        compare_grads(par.model, ref, f"ddp step {step}")
+        for o in (opt, ref_opt):
+            o.step()
+            o.zero_grad()
+        t = loss.detach().reshape(1)
+        dist.all_reduce(t)
+        assert abs(t.item() / 2 - ref_loss.item()) < 1e-5, (step, t.item() / 2, ref_loss.item())
 
 
 def resume_tp1(tmp: str) -> tuple[list[float], list[float], int]:
@@ -191,7 +212,14 @@ def hybrid_worker(rank: int, world: int, steps: int) -> None:
         dp_rank, dp = dp_mesh(mesh).get_local_rank(), dp_mesh(mesh).size()
         ref = make_model()
         ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-        cfg = ParallelConfig(sequence_parallel=True, microbatches=2, pp_schedule="1f1b")
+        # dp2_tp2 also recomputes every layer (activation checkpointing); pp2_dp2 keeps gathered params (ZeRO-2)
+        cfg = ParallelConfig(
+            sequence_parallel=True,
+            microbatches=2,
+            pp_schedule="1f1b",
+            activation_checkpointing="full" if layout == "dp2_tp2" else "none",
+            fsdp={"reshard_after_forward": layout == "dp2_tp2"},
+        )
         par = parallelize(make_model(), mesh, cfg, loss_fn=F.cross_entropy)
         opt = torch.optim.AdamW(par.model.parameters(), lr=1e-2)
         got, want = [], []

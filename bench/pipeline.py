@@ -1,0 +1,200 @@
+"""Pipeline bubble: measured idle fraction of each ``torch.distributed.pipelining`` schedule vs theory.
+
+Each pipeline rank is a CPU process (gloo). The stages are synthetic and of *equal cost*: a stage's
+forward sleeps ``t_F``, its input-gradient backward sleeps ``t_B`` and its weight-gradient backward
+``t_W`` (three custom autograd functions; sleeping rather than spinning makes the costs exact and
+independent of how many cores are free). With ``v`` stages per rank each stage costs ``1/v`` of a
+rank's share, so every schedule does the same work per step.
+
+A rank's bubble fraction is ``1 - busy / T`` with ``busy`` the sum of its stages' measured compute
+(sleep) time and ``T`` the step's wall time; the table shows the mean over ranks and steps (after one
+warm-up step). Each schedule is also run with zero-cost stages: that step time is its communication and
+Python overhead, and the ``- overhead`` column is ``1 - busy / (T - T_overhead)``, the bubble the
+schedule's dependency structure leaves. Theory (``F = B = W``, no communication cost):
+
+* GPipe, 1F1B: ``(p-1)/(m+p-1)``
+* Interleaved 1F1B (``v`` virtual stages): ``(p-1)/(v*m+p-1)``
+* ZBV, DualPipeV: 0 in the ideal ``F = B = W`` case (zero-bubble papers); the measured values show what
+  warm-up/cool-down and the schedule's dependencies really leave.
+
+Differences from theory are gloo send/recv latency and Python scheduling overhead per action, which
+grow with the number of actions (microbatches x stages). Multi-GPU runs are out of reach on this
+machine (one GPU at most), so only CPU processes are measured — no GPU figures are estimated.
+
+Usage::
+
+    python bench/pipeline.py                          # p in {2, 4}, m in {4, 8}, 20 ms per stage-F
+    python bench/pipeline.py --pp 2 --microbatches 8 16 --stage-ms 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mmte.parallel.pipeline import build_schedule, bubble_fraction, stage_ids, stages_per_rank  # noqa: E402
+
+SCHEDULES = ["gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev"]
+_BUSY = [0.0]  # this process's measured compute seconds
+
+
+def _sleep(s: float) -> None:
+    t = time.perf_counter()
+    time.sleep(s)
+    _BUSY[0] += time.perf_counter() - t
+
+
+class _Cost(torch.autograd.Function):
+    """Identity whose forward sleeps ``tf`` and backward ``tb``."""
+
+    @staticmethod
+    def forward(ctx, x, tf, tb):
+        ctx.tb = tb
+        _sleep(tf)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        _sleep(ctx.tb)
+        return g, None, None
+
+
+class SyntheticStage(nn.Module):
+    """``out = cost_F/B(x) * cost_W(w)``: forward ``t_F``, input-grad ``t_B``, weight-grad ``t_W``."""
+
+    def __init__(self, dim: int, tf: float, tb: float, tw: float):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(dim))
+        self.tf, self.tb, self.tw = tf, tb, tw
+
+    def forward(self, x):
+        h = _Cost.apply(x, self.tf, self.tb)
+        w = _Cost.apply(self.w, 0.0, self.tw)
+        return h * w
+
+
+def _loss(out, target):
+    return (out - target).square().mean()
+
+
+def _worker(rank: int, world: int, port: int, cfg: dict, q) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    group = dist.group.WORLD
+    rows = []
+    t0 = cfg["stage_ms"] / 1000.0
+    for m in cfg["microbatches"]:
+        for name in cfg["schedules"]:
+            v = stages_per_rank(name, cfg["virtual_stages"])
+            num_stages = world * v
+            if name == "dualpipev" and m < num_stages:
+                rows.append(dict(schedule=name, pp=world, microbatches=m, skipped=f"needs m >= {num_stages}"))
+                continue
+            if name == "interleaved_1f1b" and m % world:
+                rows.append(dict(schedule=name, pp=world, microbatches=m, skipped=f"needs m % {world} == 0"))
+                continue
+            ts = t0 / v  # a rank's share of the model is split over its v stages
+            mods = [(i, SyntheticStage(cfg["dim"], ts, ts, ts)) for i in stage_ids(name, rank, world, cfg["virtual_stages"])]
+            sched, stages = build_schedule(mods, num_stages, group, schedule=name, microbatches=m, loss_fn=_loss)
+            x = torch.randn(m, cfg["dim"])
+            y = torch.zeros(m, cfg["dim"])
+
+            def timed(cost: float) -> tuple[list[float], list[float]]:
+                for _, mod in mods:
+                    mod.tf = mod.tb = mod.tw = cost
+                walls, busys = [], []
+                for step in range(cfg["steps"] + 1):
+                    dist.barrier()
+                    _BUSY[0] = 0.0
+                    start = time.perf_counter()
+                    kw = dict(target=y, losses=[]) if any(s.is_last for s in stages) else {}
+                    if any(s.is_first for s in stages):
+                        sched.step(x, **kw)
+                    else:
+                        sched.step(**kw)
+                    wall = torch.tensor([time.perf_counter() - start])
+                    dist.all_reduce(wall, op=dist.ReduceOp.MAX)  # the step ends when the last rank finishes
+                    if step > 0:  # step 0 also infers the p2p shapes
+                        walls.append(wall.item())
+                        busys.append(_BUSY[0])
+                return walls, busys
+
+            walls0, _ = timed(0.0)  # schedule + communication overhead alone (zero-cost stages)
+            walls, busys = timed(ts)
+            t_over = sum(walls0) / len(walls0)
+            frac = torch.tensor([sum(1 - b / w for b, w in zip(busys, walls)) / len(walls),
+                                 sum(1 - b / max(w - t_over, b) for b, w in zip(busys, walls)) / len(walls)])
+            dist.all_reduce(frac)
+            frac /= world
+            rows.append(
+                dict(schedule=name, pp=world, microbatches=m, stages_per_rank=v, measured=frac[0].item(),
+                     measured_minus_overhead=frac[1].item(), theory=bubble_fraction(name, world, m, v),
+                     step_ms=1000 * sum(walls) / len(walls), overhead_ms=1000 * t_over,
+                     ideal_busy_ms=1000 * 3 * m * t0)
+            )
+    if rank == 0:
+        q.put(rows)
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(pp: int, cfg: dict) -> list[dict]:
+    ctx = mp.get_context("spawn")
+    q = ctx.SimpleQueue()
+    mp.start_processes(_worker, args=(pp, _free_port(), cfg, q), nprocs=pp, join=True, start_method="spawn")
+    return q.get()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--pp", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--microbatches", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--schedules", nargs="+", default=SCHEDULES)
+    ap.add_argument("--stage-ms", type=float, default=20.0, help="forward time of a rank's share of the model (ms)")
+    ap.add_argument("--virtual-stages", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--dim", type=int, default=16)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "pipeline.json"))
+    a = ap.parse_args()
+    cfg = dict(microbatches=a.microbatches, schedules=a.schedules, stage_ms=a.stage_ms, virtual_stages=a.virtual_stages,
+               steps=a.steps, dim=a.dim)
+    rows = []
+    for p in a.pp:
+        rows += run(p, cfg)
+    print(f"pipeline bubble fraction, synthetic equal-cost stages (F=B=W={a.stage_ms:g} ms per rank share), CPU gloo, "
+          f"mean of {a.steps} steps")
+    print(f"{'schedule':<18}{'p':>3}{'m':>4}{'v':>3}{'step ms':>9}{'overhead ms':>12}{'measured':>10}{'- overhead':>11}{'theory':>8}")
+    for r in rows:
+        if "skipped" in r:
+            print(f"{r['schedule']:<18}{r['pp']:>3}{r['microbatches']:>4}{'':>3}{'skipped: ' + r['skipped']:>19}")
+            continue
+        print(
+            f"{r['schedule']:<18}{r['pp']:>3}{r['microbatches']:>4}{r['stages_per_rank']:>3}{r['step_ms']:>9.0f}"
+            f"{r['overhead_ms']:>12.0f}{r['measured']:>10.3f}{r['measured_minus_overhead']:>11.3f}{r['theory']:>8.3f}"
+        )
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(config=vars(a), torch=torch.__version__, rows=rows), indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
