@@ -44,7 +44,9 @@ Constructor (every argument is plain data, so a YAML file can hold it; see :func
   against parameter names (``"backbone.layers.0.*"``). Applied at construction; :meth:`freeze` re-applies.
 * **lora**: adapters ``W x + (alpha/rank) B A x`` added (as a forward hook, so FQNs stay stable) to
   the backbone's Linears matching ``targets`` (default: QKV and attention projection); ``B`` starts at
-  zero so the model's output is unchanged at init. Parameters ``backbone.<linear>.lora.A/B``.
+  zero so the model's output is unchanged at init. Parameters ``backbone.<linear>.lora.A/B``. The
+  adapter lives on the Linear module: a later pass that *replaces* Linears (an FP8 conversion) must
+  carry ``lora`` and the hook over, or run before LoRA is added.
 * **backbone_weights**: a file read with :func:`mmte.encoders.load_state_dict_file` holding mmte
   backbone keys (optionally prefixed ``backbone.``) or the Meta-Transformer release's keys
   (``0.attn.qkv.weight``...); or a built ``Backbone``. With ``device="meta"`` the file is loaded by
@@ -216,7 +218,7 @@ class MetaTransformer(nn.Module):
             self.heads = nn.ModuleDict({k: self._build_head(k, v, dim) for k, v in (heads or {}).items()})
         if isinstance(backbone_weights, (str, os.PathLike)):
             self._backbone_weights = os.fspath(backbone_weights)
-            if self.backbone.layers["0"].self_attention.proj.weight.device.type != "meta":
+            if not any(p.is_meta for p in self.backbone.parameters()):
                 self.load_backbone_weights()
         self.lora_modules = apply_lora(self.backbone, **dict(lora)) if lora else []
         if fused:
