@@ -81,7 +81,10 @@ class SyntheticStage(nn.Module):
 
     def forward(self, x):
         h = _Cost.apply(x, self.tf, self.tb)
-        w = _Cost.apply(self.w, 0.0, self.tw)
+        # the first stage's input needs no gradient, so autograd skips its B: charge that time to the
+        # weight gradient instead, so that every stage costs F + B + W per microbatch
+        tw = self.tw if x.requires_grad else self.tw + self.tb
+        w = _Cost.apply(self.w, 0.0, tw)
         return h * w
 
 

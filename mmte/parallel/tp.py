@@ -186,7 +186,7 @@ def apply_tp(model: nn.Module, tp_mesh, *, sequence_parallel: bool = False, pad_
         _check_divisible(bb, tp)
         plan = tp_plan(bb, sequence_parallel=sequence_parallel)
         parallelize_module(bb, tp_mesh, plan)
-        n_gemm += sum(len(glob_matches(bb, g)) for g in plan if not g.startswith("layers.") or "*" in g)
+        n_gemm += sum(len(glob_matches(bb, g)) for g in plan)
         if sequence_parallel and pad_sequence:
             keys = list(bb.layers.keys())
             num = getattr(getattr(bb, "config", None), "num_layers", None)

@@ -125,11 +125,14 @@ class MMTEStrategy(ModelParallelStrategy):
         hints: dict[str, Any] = {}
         module = self._lightning_module
         model = getattr(module, "model", None) if module is not None else None
+        c = None
         if isinstance(model, nn.Module):
             bbs = find_backbones(model)
-            if bbs:
-                c = bbs[0][1].config
-                hints = dict(num_attention_heads=c.num_attention_heads, ffn_hidden_size=c.ffn_hidden_size, num_layers=c.num_layers)
+            c = bbs[0][1].config if bbs else None
+        elif module is not None:  # not built yet (configure_model comes later): read the backbone from hparams
+            c = _config_from_hparams(getattr(module, "hparams", {}).get("backbone"))
+        if c is not None:
+            hints = dict(num_attention_heads=c.num_attention_heads, ffn_hidden_size=c.ffn_hidden_size, num_layers=c.num_layers)
         spr = stages_per_rank(self.parallel_config.pp_schedule, self.parallel_config.virtual_stages) if self.dims.pp > 1 else 1
         return self.dims.validate(world_size, stages_per_rank=spr, **hints)
 
@@ -269,6 +272,27 @@ class MMTEStrategy(ModelParallelStrategy):
         loss = local / holders.clamp(min=1.0)
         self.lightning_module.log("val_loss", loss, prog_bar=True, batch_size=_batch_size(batch))
         return loss
+
+
+def _config_from_hparams(spec):
+    """A BackboneConfig from a module's ``backbone`` hyper-parameter (preset name, dict or config), else None."""
+    from collections.abc import Mapping
+
+    from ..encoders.presets import PRESETS as BACKBONE_PRESETS
+    from ..encoders.presets import BackboneConfig, get_preset
+
+    try:
+        if isinstance(spec, BackboneConfig):
+            return spec
+        if isinstance(spec, str) and spec in BACKBONE_PRESETS:
+            return get_preset(spec)
+        if isinstance(spec, Mapping):
+            cfg = dict(spec)
+            preset = cfg.pop("preset", None) or cfg.pop("name", None)
+            return get_preset(preset, **cfg) if preset else BackboneConfig(**cfg)
+    except (TypeError, ValueError, KeyError):
+        return None  # not a shape we understand: the check runs again in parallelize()
+    return None
 
 
 def _batch_size(batch) -> int | None:

@@ -75,6 +75,24 @@ def test_strategy_rejects_bad_layouts_before_process_groups(kw, world, msg):
     assert not dist.is_initialized()
 
 
+def test_strategy_reads_an_unbuilt_backbone_from_hparams():
+    class Unbuilt(L.LightningModule):
+        def __init__(self, backbone="tiny"):
+            super().__init__()
+            self.save_hyperparameters()
+            self.model = None  # built in configure_model, after the process group exists
+
+    s = MMTEStrategy(tp=3, dp_shard=1)
+    s.connect(Unbuilt())
+    with pytest.raises(ValueError, match="tp=3 does not divide the number of attention heads 4"):
+        s.validate(3)
+    s = MMTEStrategy(pp=2, dp_shard=1, pp_schedule="interleaved_1f1b", virtual_stages=2)
+    s.connect(Unbuilt({"preset": "tiny", "num_layers": 3}))
+    with pytest.raises(ValueError, match="4 pipeline stages is more than the 3 backbone layers"):
+        s.validate(2)
+    assert not dist.is_initialized()
+
+
 def test_backend_follows_mmte_device():
     s = MMTEStrategy()
     s.parallel_devices = [torch.device("cpu")] * 2
