@@ -21,6 +21,10 @@ multiples of 16; K and N are fixed by the layer (checked at construction), M = b
 the result sliced (zero rows change neither the amaxes nor the real rows' outputs, and their output
 gradients are zero); without it a non-divisible M raises ``ValueError`` naming the shape.
 
+Tensor parallelism: after ``ColwiseParallel`` / ``RowwiseParallel`` (DTensor weights on a 1-d mesh) each
+rank runs the FP8 GEMMs on its shards and returns the DTensor layouts the TP styles expect; delayed-
+scaling amaxes reduced over the TP group give every rank the scales of the unsharded layer.
+
 Scaling state (delayed scaling) lives in buffers that ``state_dict`` saves, so a resumed run continues
 with its amax history: ``fp8_amax_history`` [3, L] (rows: input, weight, output gradient; newest first),
 ``fp8_scale`` [3] and ``fp8_amax_pending`` [3] (amaxes recorded since the last update). A checkpoint
@@ -53,6 +57,10 @@ _FP8_BUFFERS = ("fp8_amax_history", "fp8_scale", "fp8_amax_pending")
 @functools.lru_cache(maxsize=64)
 def _path(device_type: str, device_index: int | None, recipe: Recipe) -> str:
     return select_gemm(torch.device(device_type, device_index) if device_index is not None else device_type, recipe)
+
+
+def _is_dtensor(t) -> bool:
+    return type(t).__name__ == "DTensor" and hasattr(t, "device_mesh")
 
 
 def _out_dtype(x: torch.Tensor) -> torch.dtype:
@@ -269,10 +277,11 @@ class FP8Linear(Linear):
             self.fp8_scale[r] = delayed_scale(h, self.fp8_scale[r], fmt.max, recipe.margin, recipe.amax_compute_algo)
 
     # --- forward -------------------------------------------------------------------------------------
-    def _rows(self, x: torch.Tensor, recipe: Recipe) -> tuple[torch.Tensor, int]:
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"FP8Linear({self.in_features}, {self.out_features}) expects inputs [..., {self.in_features}]; got shape {tuple(x.shape)}")
-        x2 = x.reshape(-1, self.in_features)
+    def _rows(self, x: torch.Tensor, recipe: Recipe, in_features: int | None = None) -> tuple[torch.Tensor, int]:
+        k = self.in_features if in_features is None else in_features
+        if x.shape[-1] != k:
+            raise ValueError(f"FP8Linear({self.in_features}, {self.out_features}) expects inputs [..., {k}]; got shape {tuple(x.shape)}")
+        x2 = x.reshape(-1, k)
         m = x2.shape[0]
         pad = (-m) % recipe.multiple
         if pad:
@@ -285,17 +294,67 @@ class FP8Linear(Linear):
             x2 = F.pad(x2, (0, 0, 0, pad))
         return x2, m
 
+    def _fp8_local(self, x, weight, bias, region) -> torch.Tensor:
+        """The FP8 GEMM on plain (local) tensors: ``x`` [..., K_local] -> [..., N_local]."""
+        recipe = region.recipe
+        n, k = weight.shape
+        x2, m = self._rows(x, recipe, k)
+        path = _path(x.device.type, x.device.index, recipe)
+        y = _FP8LinearFn.apply(x2, weight, bias, self, recipe, region.group, _out_dtype(x), path)
+        return y[:m].reshape(*x.shape[:-1], n)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fp8_inference:
             return self._inference_forward(x)
         region = get_fp8_context()
         if region is None or not region.enabled:
             return super().forward(x)
-        recipe = region.recipe
-        x2, m = self._rows(x, recipe)
-        path = _path(x.device.type, x.device.index, recipe)
-        y = _FP8LinearFn.apply(x2, self.weight, self.bias, self, recipe, region.group, _out_dtype(x), path)
-        return y[:m].reshape(*x.shape[:-1], self.out_features)
+        if _is_dtensor(self.weight):
+            return self._forward_tensor_parallel(x, region)
+        return self._fp8_local(x, self.weight, self.bias, region)
+
+    def _forward_tensor_parallel(self, x, region) -> torch.Tensor:
+        """FP8 under tensor parallelism (weights sharded by ColwiseParallel / RowwiseParallel on a 1-d mesh).
+
+        Each rank runs the FP8 GEMM on its shards: column-wise (weight ``Shard(0)``) takes the replicated
+        input and returns ``Shard(-1)`` outputs; row-wise (weight ``Shard(1)``) takes ``Shard(-1)`` inputs
+        and returns a ``Partial`` sum, to which the replicated bias is added once. Scales are per rank;
+        under delayed scaling the amax reduction over the TP group makes them equal on every rank.
+        """
+        from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+        for name in _FP8_BUFFERS:  # distribute_module replicates buffers: the scaling state stays per rank
+            b = self._buffers[name]
+            if _is_dtensor(b):
+                self._buffers[name] = b.to_local()
+        w = self.weight
+        if w.device_mesh.ndim != 1:
+            raise ValueError(f"FP8Linear supports weights sharded on a 1-d mesh; got placements {w.placements} on a {w.device_mesh.ndim}-d mesh")
+        (pl,) = w.placements
+        mesh = w.device_mesh
+        if pl == Replicate():
+            x_l = x.to_local() if isinstance(x, DTensor) else x
+            b_l = self.bias.to_local() if isinstance(self.bias, DTensor) else self.bias
+            y = self._fp8_local(x_l, w.to_local(), b_l, region)
+            return DTensor.from_local(y, mesh, [Replicate()], run_check=False) if isinstance(x, DTensor) else y
+        if pl == Shard(0):  # column-wise: input replicated, output sharded on features
+            if isinstance(x, DTensor):
+                # each rank's input gradient is its partial sum over the output shards
+                x = x.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial()])
+            b_l = self.bias.to_local() if isinstance(self.bias, DTensor) else self.bias
+            y = self._fp8_local(x, w.to_local(), b_l, region)
+            return DTensor.from_local(y, mesh, [Shard(y.dim() - 1)], run_check=False)
+        if pl == Shard(1):  # row-wise: input sharded on features, partial output
+            if isinstance(x, DTensor):
+                x = x.redistribute(mesh, [Shard(x.dim() - 1)]).to_local()
+            y = self._fp8_local(x, w.to_local(), None, region)
+            out = DTensor.from_local(y, mesh, [Partial()], run_check=False)
+            if self.bias is not None:
+                bias = self.bias if isinstance(self.bias, DTensor) else DTensor.from_local(self.bias, mesh, [Replicate()], run_check=False)
+                # as DTensor's own linear: reduce the partial sums, then add the replicated bias once
+                out = out.redistribute(mesh, [Replicate()]) + bias.to(out.dtype)
+            return out
+        raise ValueError(f"FP8Linear under tensor parallelism expects weight placements Shard(0), Shard(1) or Replicate(); got {pl}")
 
     # --- inference weights ---------------------------------------------------------------------------
     @torch.no_grad()
