@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import ModalityTokenizer, TokenSeq
+from .base import ModalityTokenizer, TokenSeq, prepend_cls
 from .registry import register_modality
 
 __all__ = ["AudioTokenizer"]
@@ -140,10 +140,7 @@ class AudioTokenizer(ModalityTokenizer):
                 raise ValueError(f"every clip needs >= patch_size={self.patch_size} frames; got frames {frames.tolist()}")
             real_t = torch.arange(tg, device=x.device)[None] * self.stride + self.patch_size <= frames[:, None].to(x.device)
             mask = real_t[:, :, None].expand(b, tg, self.freq_grid).flatten(1)
-        if self.cls_token is not None:
-            x = torch.cat([(self.cls_token + self.cls_pos).expand(b, -1, -1), x], 1)
-            if mask is not None:
-                mask = torch.cat([mask.new_ones(b, 1), mask], 1)
+        x, mask = prepend_cls(None if self.cls_token is None else self.cls_token + self.cls_pos, x, mask)
         return TokenSeq(x, mask, self.num_prefix_tokens, extras={"grid_size": (tg, self.freq_grid)})
 
 

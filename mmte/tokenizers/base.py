@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["ModalityTokenizer", "TokenSeq"]
+__all__ = ["ModalityTokenizer", "TokenSeq", "prepend_cls"]
 
 
 @dataclass
@@ -63,6 +63,22 @@ class TokenSeq:
 
     def replace(self, **changes) -> TokenSeq:
         return replace(self, **changes)
+
+
+def prepend_cls(
+    cls_token: torch.Tensor | None, tokens: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Prepend a learned ``[1, 1, D]`` cls token to ``tokens [B, N, D]`` and a True column to ``mask``.
+
+    A ``cls_token`` of None returns the inputs unchanged.
+    """
+    if cls_token is None:
+        return tokens, mask
+    b = tokens.shape[0]
+    tokens = torch.cat([cls_token.expand(b, -1, -1), tokens], 1)
+    if mask is not None:
+        mask = torch.cat([mask.new_ones(b, 1), mask], 1)
+    return tokens, mask
 
 
 class ModalityTokenizer(nn.Module):

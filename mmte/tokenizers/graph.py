@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import ModalityTokenizer, TokenSeq
+from .base import ModalityTokenizer, TokenSeq, prepend_cls
 from .registry import register_modality
 
 __all__ = ["GraphTokenizer"]
@@ -112,9 +112,7 @@ class GraphTokenizer(ModalityTokenizer):
             edges = edges + self.edge_proj(edge_features.to(dt))
         x = torch.cat([nodes, edges], 1)
         mask = torch.cat([node_mask, edge_mask], 1)
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(b, -1, -1), x], 1)
-            mask = torch.cat([mask.new_ones(b, 1), mask], 1)
+        x, mask = prepend_cls(self.cls_token, x, mask)
         return TokenSeq(x, mask, self.num_prefix_tokens, extras={"num_node_tokens": n})
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import ModalityTokenizer, TokenSeq
+from .base import ModalityTokenizer, TokenSeq, prepend_cls
 from .registry import register_modality
 
 __all__ = ["HyperspectralTokenizer"]
@@ -106,10 +106,7 @@ class HyperspectralTokenizer(ModalityTokenizer):
                 raise ValueError(f"num_bands must be in [1, {bands}]; got {nb.tolist()}")
             real_groups = ((nb - self.group_size).clamp_min(0) + self.group_stride - 1) // self.group_stride + 1
             mask = torch.arange(g, device=x.device)[None] < real_groups[:, None]
-        if self.cls_token is not None:
-            tokens = torch.cat([self.cls_token.expand(b, -1, -1), tokens], 1)
-            if mask is not None:
-                mask = torch.cat([mask.new_ones(b, 1), mask], 1)
+        tokens, mask = prepend_cls(self.cls_token, tokens, mask)
         return TokenSeq(tokens, mask, self.num_prefix_tokens)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import ModalityTokenizer, TokenSeq
+from .base import ModalityTokenizer, TokenSeq, prepend_cls
 from .registry import register_modality
 
 __all__ = ["IMUTokenizer"]
@@ -83,10 +83,7 @@ class IMUTokenizer(ModalityTokenizer):
             if bool((lengths < self.window).any()):
                 raise ValueError(f"every recording needs >= window={self.window} samples; got lengths {lengths.tolist()}")
             mask = torch.arange(w, device=x.device)[None] * self.stride + self.window <= lengths[:, None].to(x.device)
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(b, -1, -1), x], 1)
-            if mask is not None:
-                mask = torch.cat([mask.new_ones(b, 1), mask], 1)
+        x, mask = prepend_cls(self.cls_token, x, mask)
         return TokenSeq(x, mask, self.num_prefix_tokens)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import ModalityTokenizer, TokenSeq
+from .base import ModalityTokenizer, TokenSeq, prepend_cls
 from .registry import register_modality
 
 __all__ = ["TabularTokenizer"]
@@ -116,8 +116,7 @@ class TabularTokenizer(ModalityTokenizer):
         elif categorical is not None and categorical.numel():
             raise ValueError(f"this tabular tokenizer has no categorical columns; got categorical of shape {tuple(categorical.shape)}")
         x = torch.cat(parts, 1)
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(b, -1, -1), x], 1)
+        x, _ = prepend_cls(self.cls_token, x, None)
         return TokenSeq(x, None, self.num_prefix_tokens)
 
 

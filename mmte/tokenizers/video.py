@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import ModalityTokenizer, TokenSeq
+from .base import ModalityTokenizer, TokenSeq, prepend_cls
 from .image import ImageTokenizer, _pair, resample_pos_embed
 from .registry import register_modality
 
@@ -130,10 +130,7 @@ class VideoTokenizer(ModalityTokenizer):
                 raise ValueError(f"every clip needs >= tubelet_size={self.tubelet_size} frames; got frames {frames.tolist()}")
             real = (torch.arange(tg, device=x.device)[None] + 1) * self.tubelet_size <= frames[:, None].to(x.device)
             mask = real[:, :, None].expand(b, tg, s).flatten(1)
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(b, -1, -1), x], 1)
-            if mask is not None:
-                mask = torch.cat([mask.new_ones(b, 1), mask], 1)
+        x, mask = prepend_cls(self.cls_token, x, mask)
         return TokenSeq(x, mask, self.num_prefix_tokens, extras={"grid_size": (tg, *grid)})
 
 
