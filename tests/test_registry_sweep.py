@@ -3,13 +3,11 @@ default head on a tiny backbone, at two realistic input sizes."""
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
 
 import mmte
-from mmte.heads import masked_pool
 from mmte.tokenizers.registry import get_modality
 
 from .tokenizers.helpers import call_tokenizer, example_batch, head_spec, pooled, tiny_model

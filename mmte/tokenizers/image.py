@@ -3,7 +3,6 @@ resampled (bicubic) for other resolutions."""
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F
