@@ -23,6 +23,7 @@ _EXPORTS = {
     "PredictionWriter": ".callbacks",
     "MMTEStrategy": ".strategy",
     "MUSAAccelerator": ".accelerator",
+    "FP8Precision": ".precision",
 }
 
 __all__ = sorted(_EXPORTS)
