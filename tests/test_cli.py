@@ -1,0 +1,197 @@
+"""The `mmte` command: modalities table, convert, one-line errors before training with nothing left
+behind, predict output, and resume after SIGKILL ending with the same metrics as an uninterrupted run."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmte.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = ROOT / "recipes" / "quickstart.yaml"
+TINY = ROOT / "configs" / "encoders" / "tiny.yaml"
+FAST = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+
+
+@pytest.fixture(scope="module")
+def fsdd() -> Path:
+    d = ROOT / ".." / "shared" / "data" / "fsdd" / "recordings"
+    if not d.is_dir():
+        pytest.skip(f"FSDD recordings not found at {d}")
+    return d.resolve()
+
+
+def test_help_lists_commands(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for cmd in ("fit", "validate", "test", "predict", "modalities", "convert"):
+        assert f"\n  {cmd} " in out
+
+
+def test_modalities_table(capsys):
+    from mmte.tokenizers.registry import get_modality, list_modalities
+
+    assert main(["modalities"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["modality", "tokenizer", "default"]
+    rows = {ln.split()[0]: ln for ln in lines[2:]}
+    assert set(rows) == set(list_modalities())
+    for name in rows:
+        spec = get_modality(name)
+        assert spec.tokenizer.__name__ in rows[name] and spec.default_head["name"] in rows[name]
+
+
+def test_convert_hf_folder_roundtrip(tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file
+
+    from mmte.encoders import from_hf
+
+    cfg = transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                  max_position_embeddings=16)
+    torch.manual_seed(0)
+    hf = transformers.BertModel(cfg, add_pooling_layer=False).eval()
+    hf.save_pretrained(tmp_path / "bert")
+    out = tmp_path / "bert.safetensors"
+    assert main(["convert", "--from", "hf", str(tmp_path / "bert"), "--out", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    sd = load_file(out)
+    ref = from_hf(hf).backbone.state_dict()
+    assert set(sd) == set(ref)
+    for k in ref:
+        torch.testing.assert_close(sd[k], ref[k], rtol=0, atol=0)
+    # the file works as a recipe's backbone_weights: the model's backbone equals the HF model's layers
+    from mmte.encoders import BackboneConfig
+    from mmte.training.module import MMTEModule
+
+    bcfg = from_hf(hf).backbone.config
+    m = MMTEModule({"image": {"name": "image", "img_size": 8, "patch_size": 4, "in_chans": 1}},
+                   {k: v for k, v in bcfg.__dict__.items()}, {"d": {"name": "classification"}},
+                   backbone_weights=str(out), data_info={"num_classes": 3})
+    m.configure_model()
+    assert isinstance(bcfg, BackboneConfig)
+    x = torch.randn(2, 5, 32)
+    torch.testing.assert_close(m.model.backbone(x), hf.encoder(x).last_hidden_state, rtol=1e-5, atol=1e-5)
+
+
+def _bad(capsys, args, root: Path, needle: str):
+    rc = main([*args, "--trainer.default_root_dir", str(root), *FAST])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    errors = [ln for ln in err if ln.startswith("mmte: error:")]
+    assert len(errors) == 1 and needle in errors[0], err[-5:]
+    assert not root.exists(), f"{root} was written: {list(root.rglob('*'))}"
+
+
+def test_unknown_modality_one_line(tmp_path, capsys):
+    _bad(capsys, ["fit", "--config", str(QUICK), "--config", str(TINY), "--model.tokenizers", "{image: {name: sonar}}"],
+         tmp_path / "r", "unknown modality 'sonar'")
+
+
+def test_missing_data_dir_one_line(tmp_path, capsys):
+    _bad(capsys, ["fit", "--config", str(ROOT / "recipes" / "fsdd_audio.yaml"), "--config", str(TINY),
+                  "--data.init_args.data_dir", str(tmp_path / "nowhere")], tmp_path / "r", "nowhere' is not a folder")
+
+
+def test_corrupt_wav_one_line_or_skipped(tmp_path, capsys, fsdd):
+    d = tmp_path / "wavs"
+    d.mkdir()
+    for p in sorted(fsdd.glob("[01]_jackson_[0-9].wav")):
+        (d / p.name).symlink_to(p)
+    (d / "1_jackson_9.wav").unlink()
+    (d / "1_jackson_9.wav").write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt garbage")
+    args = ["fit", "--config", str(ROOT / "recipes" / "fsdd_audio.yaml"), "--config", str(TINY), "--data.init_args.data_dir", str(d)]
+    _bad(capsys, args, tmp_path / "r", "corrupt audio file")
+    rc = main([*args, "--data.init_args.on_corrupt", "skip", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1",
+               "--trainer.default_root_dir", str(tmp_path / "ok"), *FAST])
+    assert rc == 0 and (tmp_path / "ok" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_csv_missing_column_one_line(tmp_path, capsys):
+    p = tmp_path / "t.csv"
+    p.write_text("alcohol,ash,cultivar\n13.2,2.1,a\n12.1,2.4,b\n")
+    _bad(capsys, ["fit", "--config", str(ROOT / "recipes" / "tabular_wine.yaml"), "--data.init_args.path", str(p),
+                  "--data.init_args.label_column", "target"], tmp_path / "r", "lacks column(s) ['target']")
+
+
+def _last_metrics(root: Path) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for f in sorted(root.glob("logs/version_*/metrics.csv")):
+        for r in csv.DictReader(open(f)):
+            for k, v in r.items():
+                if v not in ("", None):
+                    out[k] = float(v)
+    return out
+
+
+def test_fit_then_predict_writes_csv_and_json(tmp_path, capsys):
+    root = tmp_path / "run"
+    base = ["--config", str(QUICK), "--config", str(TINY), "--trainer.default_root_dir", str(root), *FAST]
+    assert main(["fit", *base, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "4"]) == 0
+    ckpt = root / "checkpoints" / "last.ckpt"
+    assert ckpt.is_file() and any(root.glob("logs/version_0/metrics.csv")) and any(root.glob("logs/version_0/config.yaml"))
+    capsys.readouterr()
+    assert main(["predict", *base, "--ckpt_path", str(ckpt)]) == 0
+    out = capsys.readouterr().out
+    assert "predictions (359 rows)" in out  # 20 % of each digit class, rounded
+    rows = list(csv.DictReader(open(next(root.glob("logs/version_*/predictions.csv")))))
+    assert len(rows) == 359 and set(rows[0]) == {"id", "pred", "prob", "target"}
+    assert rows[0]["id"].startswith("digits[")
+    assert all(r["pred"] in [str(i) for i in range(10)] and 0.0 < float(r["prob"]) <= 1.0 for r in rows)
+    js = tmp_path / "p.json"
+    assert main(["predict", *base, "--ckpt_path", str(ckpt), "--prediction_writer.output", str(js), "--prediction_writer.print_rows", "0"]) == 0
+    data = json.loads(js.read_text())
+    assert [r["pred"] for r in data] == [r["pred"] for r in rows]  # class names, same rows
+    assert [r["id"] for r in data] == [r["id"] for r in rows]
+
+
+KILLER = textwrap.dedent(
+    """
+    import os, signal
+    from lightning.pytorch import Callback
+
+    class KillAtEpoch(Callback):
+        def __init__(self, epoch: int = 2):
+            self.epoch = epoch
+
+        def on_train_epoch_start(self, trainer, pl_module):
+            if trainer.current_epoch == self.epoch:
+                os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_matches_uninterrupted(tmp_path):
+    (tmp_path / "killer.py").write_text(KILLER)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    common = [sys.executable, "-m", "mmte", "fit", "--config", str(QUICK), "--config", str(TINY), *FAST,
+              "--trainer.max_epochs", "4", "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "3",
+              "--data.init_args.batch_size", "16", "--model.lr", "0.003"]
+
+    def run(root, *extra):
+        return subprocess.run([*common, "--trainer.default_root_dir", str(root), *extra], env=env, capture_output=True, text=True, timeout=600)
+
+    a = run(tmp_path / "a")
+    assert a.returncode == 0, a.stderr[-2000:]
+    killed = run(tmp_path / "b", "--trainer.callbacks+=killer.KillAtEpoch")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    ck = tmp_path / "b" / "checkpoints" / "last.ckpt"
+    assert ck.is_file() and torch.load(ck, weights_only=False)["epoch"] == 1
+    assert not list((tmp_path / "b" / "checkpoints").glob(".tmp-*"))
+    resumed = run(tmp_path / "b", "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    ma, mb = _last_metrics(tmp_path / "a"), _last_metrics(tmp_path / "b")
+    assert ma["epoch"] == mb["epoch"] == 3
+    for k in ("val_loss", "val_acc", "train_loss_epoch"):
+        assert abs(ma[k] - mb[k]) <= 1e-6, (k, ma[k], mb[k])
