@@ -14,8 +14,11 @@ schedule's dependency structure leaves. Theory (``F = B = W``, no communication 
 
 * GPipe, 1F1B: ``(p-1)/(m+p-1)``
 * Interleaved 1F1B (``v`` virtual stages): ``(p-1)/(v*m+p-1)``
-* ZBV, DualPipeV: 0 in the ideal ``F = B = W`` case (zero-bubble papers); the measured values show what
-  warm-up/cool-down and the schedule's dependencies really leave.
+* ZBV, DualPipeV: 0 in the ideal ``F = B = W`` case once there are enough microbatches (``m >= 2p``;
+  zero-bubble papers); the measured values show what warm-up/cool-down and the schedule's dependencies
+  really leave (with ``m = p`` ZBV keeps a sizeable bubble).
+* The first stage has no input gradient; its ``B`` time is charged to its weight gradient so that
+  every stage costs ``F + B + W`` per microbatch.
 
 Differences from theory are gloo send/recv latency and Python scheduling overhead per action, which
 grow with the number of actions (microbatches x stages). Multi-GPU runs are out of reach on this

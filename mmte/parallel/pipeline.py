@@ -101,7 +101,7 @@ def bubble_fraction(schedule: str, pp_size: int, microbatches: int, virtual_stag
     if key in ("interleaved_1f1b", "looped_bfs"):
         return (p - 1) / (virtual_stages * m + p - 1)
     if key in _V_STYLE or key == "interleaved_zb":
-        # zero bubble in steady state; warm-up/cool-down leave ~ (p-1) of 6*m*... units; report the ideal
+        # the ideal of the zero-bubble papers (F = B = W and m >= 2p): the bubble is filled with W work
         return 0.0
     raise AssertionError(key)  # pragma: no cover
 
