@@ -198,6 +198,7 @@ def convert_main(argv: list[str]) -> int:
 # ------------------------------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``mmte`` console script and ``python -m mmte``."""
+    from_sys = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = os.environ.get("MMTE_DEBUG", "") not in ("", "0")
     mlog = logging.getLogger("mmte")
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             return modalities_main(argv[1:])
         if argv[0] == "convert":
             return convert_main(argv[1:])
-        _cli_class()(args=argv)
+        _cli_class()(args=None if from_sys else argv)
         return 0
     except (ValueError, TypeError, KeyError, FileNotFoundError, NotADirectoryError, ImportError) as e:
         if debug:

@@ -417,7 +417,7 @@ class MMTEModule(LightningModule):
         """The precision plugin's FP8 conversion function, if it has one (used by MMTEStrategy)."""
         trainer = getattr(self, "_trainer", None)
         plugin = getattr(getattr(trainer, "strategy", None), "precision_plugin", None) if trainer is not None else None
-        for name in ("fp8_convert", "convert_model"):
+        for name in ("fp8_convert", "convert_model", "convert_module"):
             fn = getattr(plugin, name, None)
             if callable(fn):
                 return fn
@@ -445,15 +445,15 @@ class MMTEModule(LightningModule):
 
     # ------------------------------------------------------------------------------ checkpoints
     def _frozen_backbone_keys(self) -> list[str] | None:
-        """State-dict keys (``model.backbone.*``) restorable from the source, or None when the backbone
-        is not entirely frozen or has no source."""
+        """State-dict keys (``model.backbone.*`` parameters) restorable from the source, or None when
+        the backbone is not entirely frozen or has no source."""
         if self.hparams.backbone_weights is None or self.hparams.save_frozen == "always" or self.model is None:
             return None
         params = dict(self.model.backbone.named_parameters())
         if any(p.requires_grad for n, p in params.items() if ".lora." not in n):
             return None
-        trainable = {f"model.backbone.{n}" for n, p in params.items() if p.requires_grad}
-        return [f"model.backbone.{k}" for k in self.model.backbone.state_dict() if f"model.backbone.{k}" not in trainable and ".lora." not in k]
+        # frozen *parameters* only: buffers (e.g. FP8 scaling state) are training state and stay saved
+        return [f"model.backbone.{n}" for n, p in params.items() if not p.requires_grad and ".lora." not in n]
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         keys = self._frozen_backbone_keys()
