@@ -95,3 +95,30 @@ def test_quick_recipe_fits_a_few_steps(name, tmp_path, shared_data):
     primary, _ = cli.model.primary_metric
     assert primary in m, f"{primary} not logged; got {sorted(m)}"
     assert os.path.isfile(tmp_path / "run" / "checkpoints" / "last.ckpt")
+
+
+FRAGMENTS = sorted(p for d in ("models", "tokenizers", "encoders", "heads", "data") for p in (ROOT / "configs" / d).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("fragment", FRAGMENTS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_fragment_stacks_onto_a_recipe(fragment, tmp_path, shared_data):
+    """Each fragment under configs/ stacks onto a recipe it fits, and its values win."""
+    import yaml
+
+    recipe = "fsdd_audio" if "audio" in fragment.stem else "quickstart"
+    cli = _cli(["--config", str(ROOT / "recipes" / f"{recipe}.yaml"), "--config", str(fragment), *_data_args(recipe, shared_data)], tmp_path)
+    want = yaml.safe_load(fragment.read_text())
+    for key, value in (want.get("model") or {}).items():
+        got = cli.model.hparams[key] if key not in ("tokenizers", "heads", "backbone") else {
+            "tokenizers": cli.model.tokenizer_cfg, "heads": cli.model.head_cfg, "backbone": cli.model.backbone_spec}[key]
+        if isinstance(value, dict):
+            for k, v in value.items():
+                sub = got[k]
+                assert all(sub[kk] == vv for kk, vv in v.items()) if isinstance(v, dict) else sub == v, (key, k)
+        else:
+            assert got == value, (key, got, value)
+    for key, value in ((want.get("data") or {}).get("init_args") or {}).items():
+        assert getattr(cli.datamodule, key) == value
+    for key, value in (want.get("trainer") or {}).items():
+        if key == "max_epochs":
+            assert cli.trainer.max_epochs == value
