@@ -18,6 +18,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import tempfile
 from typing import Any
 
@@ -79,8 +80,18 @@ class MMTECheckpoint(ModelCheckpoint):
         os.makedirs(folder, exist_ok=True)
         tmp = os.path.join(folder, f".tmp-{os.path.basename(filepath)}")
         trainer.save_checkpoint(tmp, self.save_weights_only)
+        trainer.strategy.barrier("mmte_checkpoint_written")  # every rank's shard is in place
         if trainer.is_global_zero and os.path.exists(tmp):
-            os.replace(tmp, filepath)
+            if os.path.isdir(tmp) and os.path.isdir(filepath):
+                # a distributed (sharded) checkpoint is a folder: swap folders, then drop the old one
+                old = os.path.join(folder, f".old-{os.path.basename(filepath)}")
+                if os.path.exists(old):
+                    shutil.rmtree(old)
+                os.replace(filepath, old)
+                os.replace(tmp, filepath)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, filepath)
         trainer.strategy.barrier("mmte_checkpoint_rename")
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = filepath
