@@ -4,7 +4,7 @@ FSDP2/DDP, distributed checkpoints. See :func:`parallelize` for the order they a
 from .apply import ParallelConfig, Parallelized, apply_activation_checkpointing, apply_compile, parallelize
 from .checkpoint import export_safetensors, load, save
 from .fsdp import DDPConfig, FSDPConfig, apply_ddp, apply_fsdp
-from .mesh import MESH_DIMS, ParallelDims, build_mesh, dp_mesh
+from .mesh import MESH_DIMS, ParallelDims, amax_group, build_mesh, dp_mesh
 from .pipeline import SCHEDULES, build_schedule, bubble_fraction, pipeline_split, stage_fqns
 from .tp import apply_tp, tp_plan
 
@@ -16,6 +16,7 @@ __all__ = [
     "ParallelDims",
     "Parallelized",
     "SCHEDULES",
+    "amax_group",
     "apply_activation_checkpointing",
     "apply_compile",
     "apply_ddp",

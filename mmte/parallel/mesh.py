@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MESH_DIMS", "ParallelDims", "build_mesh", "dp_mesh"]
+__all__ = ["MESH_DIMS", "ParallelDims", "amax_group", "build_mesh", "dp_mesh"]
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
 _DP: dict[int, object] = {}  # id(root mesh) -> its flattened "dp" mesh
+_DPTP: dict[int, object] = {}  # id(root mesh) -> its flattened "dp_tp" mesh
 
 
 @dataclass
@@ -150,3 +151,19 @@ def dp_mesh(mesh):
         flat = mesh["dp_replicate", "dp_shard"]._flatten("dp")
         _DP[id(mesh)] = flat
     return flat
+
+
+def amax_group(mesh):
+    """The process group over which FP8 delayed-scaling amaxes must be max-reduced.
+
+    Every rank holding the *same* modules has to agree on their scales: the data- and tensor-parallel
+    ranks of one pipeline stage (``dp_replicate x dp_shard x tp``). Without pipeline parallelism that
+    is the whole world, and ``None`` (the default group) is returned.
+    """
+    if mesh["pp"].size() == 1:
+        return None
+    flat = _DPTP.get(id(mesh))
+    if flat is None:
+        flat = mesh["dp_replicate", "dp_shard", "tp"]._flatten("dp_tp")
+        _DPTP[id(mesh)] = flat
+    return flat.get_group()

@@ -43,7 +43,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
 from .. import device as mdevice
-from ..parallel import DDPConfig, FSDPConfig, ParallelConfig, ParallelDims, build_mesh, dp_mesh, parallelize
+from ..parallel import DDPConfig, FSDPConfig, ParallelConfig, ParallelDims, amax_group, build_mesh, dp_mesh, parallelize
 from ..parallel.pipeline import stages_per_rank
 from ..parallel.tp import find_backbones
 
@@ -192,6 +192,11 @@ class MMTEStrategy(ModelParallelStrategy):
 
         assert self.model is not None and self.accelerator is not None
         self.accelerator.setup(trainer)
+        plugin = self.precision_plugin
+        if self.dims.pp > 1 and hasattr(plugin, "amax_reduction_group") and plugin.amax_reduction_group is None:
+            # FP8 scales must agree among the ranks holding the same stage, not across stages
+            plugin.amax_reduction_group = amax_group(self.device_mesh)
+            logger.info("FP8 amax reduction over the stage's dp x tp group (%d ranks)", self.world_size // self.dims.pp)
         self.parallelize_module(self.lightning_module)
         _materialize_distributed_module(self.model, self.root_device)
         self.model = self.precision_plugin.convert_module(self.model)

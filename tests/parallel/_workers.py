@@ -17,7 +17,7 @@ from torch import nn
 
 from mmte.encoders import Backbone
 from mmte.parallel import ParallelConfig, ParallelDims, build_mesh, parallelize
-from mmte.parallel.mesh import dp_mesh
+from mmte.parallel.mesh import amax_group, dp_mesh
 from mmte.parallel import checkpoint as ckpt
 from mmte.tokenizers.image import ImageTokenizer
 
@@ -128,6 +128,44 @@ def tp_worker(rank: int, world: int, tmp: str) -> None:
         with open(os.path.join(tmp, "tp2_losses.json"), "w") as f:
             json.dump(losses, f)
 
+    # FP8 (delayed scaling, emulated GEMMs) converted by parallelize's first step, then TP=2: the amaxes
+    # are max-reduced over the TP group, so 3 steps equal the single-process FP8 model
+    import mmte.fp8 as fp8
+
+    recipe = fp8.DelayedScaling(amax_history_len=4)
+    ref = fp8.convert(make_model(), recipe)
+    par = parallelize(make_model(), mesh, ParallelConfig(), fp8_convert=lambda mod: fp8.convert(mod, recipe))
+    assert type(par.model.backbone.layers["0"].layernorm_mlp.fc1).__name__ == "FP8Linear"
+    # The first pass quantizes with just-in-time scales, per shard under TP, so the two runs' amax
+    # histories start apart and stay apart. Start both from the same scaling state instead: one warm-up
+    # pass of the reference, its histories/scales copied into the TP model. From there on they stay
+    # equal only if every amax is max-reduced over the TP group (row-parallel inputs are sharded).
+    with fp8.autocast(recipe=recipe):
+        F.cross_entropy(ref(batch(9)[0]), batch(9)[1]).backward()
+    fp8.update_scales()
+    ref.zero_grad()
+    pairs = [(a, b) for a, b in zip(ref.modules(), par.model.modules()) if hasattr(a, "fp8_scale")]
+    assert len(pairs) == 16, len(pairs)  # 4 layers x (qkv, proj, fc1, fc2)
+    for a, b in pairs:
+        for name in ("fp8_amax_history", "fp8_scale", "fp8_amax_pending"):
+            b._buffers[name] = getattr(a, name).clone()  # (TP replicated them as DTensors; FP8Linear keeps them local)
+    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.05) for m in (par.model, ref))
+    for step in range(3):
+        xb, yb = batch(step)
+        for model, o, out in ((ref, ref_opt, "ref"), (par.model, opt, "tp")):
+            with fp8.autocast(recipe=recipe):
+                loss = F.cross_entropy(model(xb), yb)
+            loss.backward()
+            fp8.update_scales()  # fold this step's gradient amaxes in now, to compare every role
+            o.step()
+            o.zero_grad()
+            if out == "ref":
+                ref_loss = loss.item()
+        # FP8 codes sit on a coarse grid: a different fp32 summation order can flip a rounding
+        assert abs(loss.item() - ref_loss) < 1e-3, (step, loss.item(), ref_loss)
+        for (name, a), b in zip(((n, m) for n, m in ref.named_modules() if hasattr(m, "fp8_scale")), (b for _, b in pairs)):
+            torch.testing.assert_close(b.fp8_scale, a.fp8_scale, rtol=1e-4, atol=0, msg=lambda m: f"step {step} {name}: {m}")
+
     # DDP over 2 replicas (bucket size + static graph options): 3 steps equal one process on the global batch
     mesh = build_mesh(ParallelDims(dp_replicate=2, dp_shard=1).resolve(world))
     cfg = ParallelConfig(ddp={"bucket_cap_mb": 0.01, "static_graph": True})
@@ -210,6 +248,12 @@ def hybrid_worker(rank: int, world: int, steps: int) -> None:
         dims = ParallelDims(tp=2, dp_shard=2) if layout == "dp2_tp2" else ParallelDims(pp=2, dp_shard=2)
         mesh = build_mesh(dims.resolve(world))
         dp_rank, dp = dp_mesh(mesh).get_local_rank(), dp_mesh(mesh).size()
+        group = amax_group(mesh)
+        if layout == "pp2_dp2":  # FP8 scales agree within a stage: the 2 dp ranks of the same pp coordinate
+            members = dist.get_process_group_ranks(group)
+            assert len(members) == 2 and len({r // 2 for r in members}) == 1, members
+        else:
+            assert group is None
         ref = make_model()
         ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
         # dp2_tp2 also recomputes every layer (activation checkpointing); pp2_dp2 keeps gathered params (ZeRO-2)
