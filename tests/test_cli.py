@@ -173,11 +173,20 @@ KILLER = textwrap.dedent(
 
 @pytest.mark.slow
 def test_resume_after_sigkill_matches_uninterrupted(tmp_path):
+    """With a frozen 'pretrained' backbone from a file, so the checkpoints resumed from are trainable-only."""
+    from safetensors.torch import save_file
+
+    from mmte.encoders import Backbone
+
+    torch.manual_seed(5)
+    src = tmp_path / "pretrained-tiny.safetensors"
+    save_file({k: v.contiguous() for k, v in Backbone("tiny").state_dict().items()}, str(src))
     (tmp_path / "killer.py").write_text(KILLER)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     common = [sys.executable, "-m", "mmte", "fit", "--config", str(QUICK), "--config", str(TINY), *FAST,
               "--trainer.max_epochs", "4", "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "3",
-              "--data.init_args.batch_size", "16", "--model.lr", "0.003"]
+              "--data.init_args.batch_size", "16", "--model.lr", "0.003",
+              "--model.backbone_weights", str(src), "--model.freeze", "backbone"]
 
     def run(root, *extra):
         return subprocess.run([*common, "--trainer.default_root_dir", str(root), *extra], env=env, capture_output=True, text=True, timeout=600)
@@ -187,7 +196,9 @@ def test_resume_after_sigkill_matches_uninterrupted(tmp_path):
     killed = run(tmp_path / "b", "--trainer.callbacks+=killer.KillAtEpoch")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     ck = tmp_path / "b" / "checkpoints" / "last.ckpt"
-    assert ck.is_file() and torch.load(ck, weights_only=False)["epoch"] == 1
+    saved = torch.load(ck, weights_only=False)
+    assert saved["epoch"] == 1 and saved["mmte"]["frozen"]["source"] == str(src)
+    assert not any(k.startswith("model.backbone.") for k in saved["state_dict"])  # trainable part only
     assert not list((tmp_path / "b" / "checkpoints").glob(".tmp-*"))
     resumed = run(tmp_path / "b", "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
