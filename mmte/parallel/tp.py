@@ -151,6 +151,20 @@ def pad_for_sequence_parallel(backbone: nn.Module, multiple: int) -> None:
     backbone.register_forward_hook(post, with_kwargs=True)
 
 
+def _require_multiple(backbone: nn.Module, tp: int) -> None:
+    """A pipeline stage's part of a backbone cannot pad (the next stage would not know to trim): check."""
+
+    def pre(module, args, kwargs):
+        x = args[0] if args else kwargs["x"]
+        if x.shape[1] % tp:
+            raise ValueError(
+                f"sequence parallel inside a pipeline stage needs the token count ({x.shape[1]}) to be a multiple "
+                f"of tp={tp}; pad the tokens (mask False) before the backbone or turn sequence_parallel off"
+            )
+
+    backbone.register_forward_pre_hook(pre, with_kwargs=True)
+
+
 def _check_divisible(backbone: nn.Module, tp: int) -> None:
     cfg = getattr(backbone, "config", None)
     if cfg is None:
@@ -192,6 +206,8 @@ def apply_tp(model: nn.Module, tp_mesh, *, sequence_parallel: bool = False, pad_
             num = getattr(getattr(bb, "config", None), "num_layers", None)
             if num is None or (keys[0] == "0" and keys[-1] == str(num - 1)):
                 pad_for_sequence_parallel(bb, tp)
+            else:
+                _require_multiple(bb, tp)
     logger.info(
         "tensor parallel tp=%d%s: sharded %d modules in %d backbone(s)",
         tp,

@@ -242,14 +242,14 @@ def pp_worker(rank: int, world: int, schedules: list[str], tmp: str) -> None:
 
 # ------------------------------------------------------------------------------------------ 4 procs
 def hybrid_worker(rank: int, world: int, steps: int) -> None:
-    """DP=2 x TP=2 (FSDP2 + TP) and PP=2 x DP=2 (1F1B + FSDP2): loss curves equal one process."""
+    """DP=2 x TP=2 (FSDP2 + TP/SP + AC), PP=2 x DP=2 (1F1B + FSDP2), PP=2 x TP=2: loss curves equal one process."""
     results = {}
-    for layout in ("dp2_tp2", "pp2_dp2"):
-        dims = ParallelDims(tp=2, dp_shard=2) if layout == "dp2_tp2" else ParallelDims(pp=2, dp_shard=2)
+    layouts = {"dp2_tp2": ParallelDims(tp=2, dp_shard=2), "pp2_dp2": ParallelDims(pp=2, dp_shard=2), "pp2_tp2": ParallelDims(pp=2, tp=2, dp_shard=1)}
+    for layout, dims in layouts.items():
         mesh = build_mesh(dims.resolve(world))
         dp_rank, dp = dp_mesh(mesh).get_local_rank(), dp_mesh(mesh).size()
         group = amax_group(mesh)
-        if layout == "pp2_dp2":  # FP8 scales agree within a stage: the 2 dp ranks of the same pp coordinate
+        if layout.startswith("pp2"):  # FP8 scales agree within a stage: the 2 dp/tp ranks of one pp coordinate
             members = dist.get_process_group_ranks(group)
             assert len(members) == 2 and len({r // 2 for r in members}) == 1, members
         else:
@@ -257,8 +257,16 @@ def hybrid_worker(rank: int, world: int, steps: int) -> None:
         ref = make_model()
         ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
         # dp2_tp2 also recomputes every layer (activation checkpointing); pp2_dp2 keeps gathered params (ZeRO-2)
+        if layout == "pp2_tp2":  # 5 tokens cannot be split over tp=2 inside a stage: a clear error, then SP off
+            bad = parallelize(make_model(), mesh, ParallelConfig(sequence_parallel=True, microbatches=2), loss_fn=F.cross_entropy)
+            if bad.has_first_stage:
+                try:
+                    bad.parts[0](batch(0)[0])  # the first stage view
+                    raise AssertionError("expected a ValueError for 5 tokens under SP in a pipeline stage")
+                except ValueError as e:
+                    assert "token count (5) to be a multiple of tp=2" in str(e), e
         cfg = ParallelConfig(
-            sequence_parallel=True,
+            sequence_parallel=layout != "pp2_tp2",
             microbatches=2,
             pp_schedule="1f1b",
             activation_checkpointing="full" if layout == "dp2_tp2" else "none",
