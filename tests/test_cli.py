@@ -84,6 +84,26 @@ def test_convert_hf_folder_roundtrip(tmp_path, capsys):
     torch.testing.assert_close(m.model.backbone(x), hf.encoder(x).last_hidden_state, rtol=1e-5, atol=1e-5)
 
 
+def test_convert_timm_with_local_checkpoint(tmp_path, capsys):
+    timm = pytest.importorskip("timm")
+    from safetensors.torch import load_file
+
+    from mmte.encoders import from_timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False).eval()
+    torch.save(model.state_dict(), tmp_path / "vit.pth")
+    out = tmp_path / "vit.safetensors"
+    assert main(["convert", "--from", "timm", "vit_tiny_patch16_224", "--checkpoint", str(tmp_path / "vit.pth"), "--out", str(out)]) == 0
+    sd, ref = load_file(out), from_timm(model).backbone.state_dict()
+    assert set(sd) == set(ref)
+    for k in ref:
+        torch.testing.assert_close(sd[k], ref[k], rtol=0, atol=0)
+    capsys.readouterr()
+    assert main(["convert", "--from", "timm", "vit_tiny_patch16_224", "--out", str(tmp_path / "x.pt")]) == 2
+    assert "mmte: error: --out must end in .safetensors" in capsys.readouterr().err
+
+
 def _bad(capsys, args, root: Path, needle: str):
     rc = main([*args, "--trainer.default_root_dir", str(root), *FAST])
     err = capsys.readouterr().err.strip().splitlines()
