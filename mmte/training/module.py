@@ -12,6 +12,11 @@ What it adds to the model:
   FSDP2) using :meth:`fp8_convert` when present, and a precision plugin's ``convert_module`` is called
   by Lightning's strategy; a model built on the meta device gets its pretrained backbone reloaded
   after materialisation (:meth:`_reload_pretrained`).
+  Verified here: single device (CPU), FP8 fragments (``configs/precision``), and TP=2 with
+  ``configs/parallel/tp2.yaml`` (sharded checkpoints are saved whole; the trainable-only reduction
+  applies to single-file checkpoints). Pipeline parallelism needs ``pipeline_inputs``/``pipeline_loss``
+  for dict batches, which this module does not define yet: ``MMTEStrategy(pp>1)`` stops with a
+  ``TypeError`` saying so.
 * **Losses** from the heads (each head's loss, weighted, summed) and **metrics** from torchmetrics:
   accuracy for classification heads, MSE/MAE for regression/forecasting heads, recall@1 in both
   directions for contrastive heads. Names: ``{stage}_{metric}`` with one head,
