@@ -264,6 +264,18 @@ class MMTEStrategy(ModelParallelStrategy):
             return super().validation_step(*args, **kwargs)
         batch = args[0] if args else kwargs["batch"]
         par = self.parallelized
+        if len(par.stages) > 1:
+            # torch 2.14's eval() of multi-stage (runtime) schedules still issues backward actions and fails
+            # ("can't steal_bwd_input"): validate with gpipe/1f1b, or skip it here
+            if not getattr(self, "_warned_pp_eval", False):
+                from lightning.pytorch.utilities import rank_zero_warn
+
+                rank_zero_warn(
+                    f"validation under pipeline schedule {self.parallel_config.pp_schedule!r} (several stages per rank) "
+                    "is skipped: torch.distributed.pipelining cannot run it forward-only; use gpipe or 1f1b to validate"
+                )
+                self._warned_pp_eval = True
+            return None
         x, y = self._pipeline_inputs(batch)
         losses: list[torch.Tensor] = []
         kw = dict(target=y, losses=losses) if par.has_last_stage else {}

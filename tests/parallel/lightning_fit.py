@@ -31,6 +31,12 @@ class TinyModule(L.LightningModule):
         x, y = b
         return F.cross_entropy(self.model(x), y)
 
+    def validation_step(self, b, i):
+        x, y = b
+        loss = F.cross_entropy(self.model(x), y)
+        self.log("val_loss", loss)
+        return loss
+
     def on_train_batch_end(self, outputs, b, i):
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         self.losses.append(float(loss))
@@ -45,6 +51,7 @@ def data(steps: int) -> DataLoader:
 
 
 def reference(steps: int) -> list[float]:
+    """Per-step training losses, then the validation loss on batch 0 after the last step."""
     m = make_model()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
     out = []
@@ -55,6 +62,9 @@ def reference(steps: int) -> list[float]:
         opt.step()
         opt.zero_grad()
         out.append(loss.item())
+    x, y = batch(0)
+    with torch.no_grad():
+        out.append(F.cross_entropy(m(x), y).item())
     return out
 
 
@@ -79,11 +89,15 @@ def main() -> None:
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        num_sanity_val_steps=0,
+        check_val_every_n_epoch=1,
         default_root_dir=os.path.dirname(out),
         use_distributed_sampler=False,  # every rank (dp=1) reads the same, unshuffled batches as the reference
     )
     module = TinyModule()
-    trainer.fit(module, data(steps))
+    trainer.fit(module, data(steps), data(1))
+    if trainer.global_rank == 0 and "val_loss" in trainer.callback_metrics:
+        module.losses.append(float(trainer.callback_metrics["val_loss"]))  # after the last step
     if trainer.global_rank == 0:
         with open(out, "w") as f:
             json.dump(module.losses, f)

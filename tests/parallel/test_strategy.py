@@ -144,16 +144,20 @@ def _fit(tmp_path: Path, name: str, spec: dict, steps: int) -> list[float]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_lightning_fit_tp2_and_pp2_match_single_process(tmp_path):
+def test_lightning_fit_tp2_pp2_and_zbv_match_single_process(tmp_path):
     from .lightning_fit import reference
 
-    want = reference(4)
+    want = reference(4)  # 4 training losses, then the validation loss after them
     for name, spec in {
         "tp2": {"tp": 2, "sequence_parallel": True, "dp_shard": 1},
         "pp2": {"pp": 2, "pp_schedule": "1f1b", "microbatches": 2, "dp_shard": 1},
+        "pp2_zbv": {"pp": 2, "pp_schedule": "zbv", "microbatches": 4, "dp_shard": 1},
     }.items():
         got = _fit(tmp_path, name, spec, 4)
-        assert got == pytest.approx(want, abs=1e-4), (name, got, want)
+        if name == "pp2_zbv":  # training only: validation is skipped for multi-stage schedules (torch limitation)
+            assert got == pytest.approx(want[:4], abs=1e-4), (name, got, want)
+        else:
+            assert got == pytest.approx(want, abs=1e-4), (name, got, want)
 
 
 @pytest.mark.slow
