@@ -47,7 +47,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mmte.parallel.pipeline import build_schedule, bubble_fraction, stage_ids, stages_per_rank  # noqa: E402
+from mmte.parallel.pipeline import bubble_fraction, build_schedule, stage_ids, stages_per_rank
 
 SCHEDULES = ["gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev"]
 _BUSY = [0.0]  # this process's measured compute seconds
@@ -95,6 +95,28 @@ def _loss(out, target):
     return (out - target).square().mean()
 
 
+def _time_steps(sched, stages, mods, x, y, cost: float, steps: int) -> tuple[list[float], list[float]]:
+    """Wall time (max over ranks) and this rank's compute time of ``steps`` steps after a warm-up step."""
+    for _, mod in mods:
+        mod.tf = mod.tb = mod.tw = cost
+    walls, busys = [], []
+    for step in range(steps + 1):
+        dist.barrier()
+        _BUSY[0] = 0.0
+        start = time.perf_counter()
+        kw = dict(target=y, losses=[]) if any(s.is_last for s in stages) else {}
+        if any(s.is_first for s in stages):
+            sched.step(x, **kw)
+        else:
+            sched.step(**kw)
+        wall = torch.tensor([time.perf_counter() - start])
+        dist.all_reduce(wall, op=dist.ReduceOp.MAX)  # the step ends when the last rank finishes
+        if step > 0:  # step 0 also infers the p2p shapes
+            walls.append(wall.item())
+            busys.append(_BUSY[0])
+    return walls, busys
+
+
 def _worker(rank: int, world: int, port: int, cfg: dict, q) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
@@ -118,28 +140,8 @@ def _worker(rank: int, world: int, port: int, cfg: dict, q) -> None:
             x = torch.randn(m, cfg["dim"])
             y = torch.zeros(m, cfg["dim"])
 
-            def timed(cost: float) -> tuple[list[float], list[float]]:
-                for _, mod in mods:
-                    mod.tf = mod.tb = mod.tw = cost
-                walls, busys = [], []
-                for step in range(cfg["steps"] + 1):
-                    dist.barrier()
-                    _BUSY[0] = 0.0
-                    start = time.perf_counter()
-                    kw = dict(target=y, losses=[]) if any(s.is_last for s in stages) else {}
-                    if any(s.is_first for s in stages):
-                        sched.step(x, **kw)
-                    else:
-                        sched.step(**kw)
-                    wall = torch.tensor([time.perf_counter() - start])
-                    dist.all_reduce(wall, op=dist.ReduceOp.MAX)  # the step ends when the last rank finishes
-                    if step > 0:  # step 0 also infers the p2p shapes
-                        walls.append(wall.item())
-                        busys.append(_BUSY[0])
-                return walls, busys
-
-            walls0, _ = timed(0.0)  # schedule + communication overhead alone (zero-cost stages)
-            walls, busys = timed(ts)
+            walls0, _ = _time_steps(sched, stages, mods, x, y, 0.0, cfg["steps"])  # schedule + communication overhead alone (zero-cost stages)
+            walls, busys = _time_steps(sched, stages, mods, x, y, ts, cfg["steps"])
             t_over = sum(walls0) / len(walls0)
             frac = torch.tensor([sum(1 - b / w for b, w in zip(busys, walls)) / len(walls),
                                  sum(1 - b / max(w - t_over, b) for b, w in zip(busys, walls)) / len(walls)])

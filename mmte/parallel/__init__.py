@@ -5,17 +5,17 @@ from .apply import ParallelConfig, Parallelized, apply_activation_checkpointing,
 from .checkpoint import export_safetensors, load, save
 from .fsdp import DDPConfig, FSDPConfig, apply_ddp, apply_fsdp
 from .mesh import MESH_DIMS, ParallelDims, amax_group, build_mesh, dp_mesh
-from .pipeline import SCHEDULES, build_schedule, bubble_fraction, pipeline_split, stage_fqns
+from .pipeline import SCHEDULES, bubble_fraction, build_schedule, pipeline_split, stage_fqns
 from .tp import apply_tp, tp_plan
 
 __all__ = [
+    "MESH_DIMS",
+    "SCHEDULES",
     "DDPConfig",
     "FSDPConfig",
-    "MESH_DIMS",
     "ParallelConfig",
     "ParallelDims",
     "Parallelized",
-    "SCHEDULES",
     "amax_group",
     "apply_activation_checkpointing",
     "apply_compile",

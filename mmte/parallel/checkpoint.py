@@ -95,7 +95,8 @@ def load(path: str | os.PathLike, parts: nn.Module | Sequence[nn.Module], optimi
     no_dist = not (dist.is_available() and dist.is_initialized())
     dcp.load(sd, checkpoint_id=str(path), no_dist=no_dist)
     for p in parts:
-        own = {k: v for k, v in sd["model"].items() if k in p.state_dict()}
+        keys = set(p.state_dict())
+        own = {k: v for k, v in sd["model"].items() if k in keys}
         set_model_state_dict(p, own, options=StateDictOptions(strict=strict))
     if opts:
         options = StateDictOptions(flatten_optimizer_state_dict=True)

@@ -40,8 +40,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "SCHEDULES",
-    "build_schedule",
     "bubble_fraction",
+    "build_schedule",
     "layer_costs",
     "make_stage_module",
     "partition",

@@ -49,7 +49,7 @@ def parse_musa_devices(devices: int | str | list[int] | tuple[int, ...], availab
             except ValueError:
                 raise ValueError(f"devices must be an int, a list of indices, '0,1' or 'auto'; got {devices!r}") from None
     if isinstance(devices, bool):
-        raise ValueError(f"devices must be an int or a list of indices; got {devices!r}")
+        raise TypeError(f"devices must be an int or a list of indices; got {devices!r}")
     if isinstance(devices, int):
         if devices == -1:
             ids = list(range(n))

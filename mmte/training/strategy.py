@@ -49,7 +49,7 @@ from ..parallel.tp import find_backbones
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MMTEStrategy", "PRESETS"]
+__all__ = ["PRESETS", "MMTEStrategy"]
 
 
 class MMTEStrategy(ModelParallelStrategy):

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-from tests.parallel._workers import batch, make_model  # noqa: E402
+from tests.parallel._workers import batch, make_model
 
 
 class TinyModule(L.LightningModule):

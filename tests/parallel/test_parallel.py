@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-import pytest
 from safetensors.torch import load_file
 
 from mmte.encoders import Backbone
