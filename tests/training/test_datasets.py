@@ -190,3 +190,57 @@ def test_array_and_paired_datamodules(wav_dir):
         a, b, lab = raw[k]["a"], raw[k]["b"], raw[k]["label"]
         assert sub.datasets["train"].with_format(None)[a]["label"] == lab
         assert img3.datasets["train"].with_format(None)[b]["label"] == lab
+
+
+def test_forecast_datamodule_windows_against_pandas(tmp_path):
+    import pandas as pd
+
+    from mmte.training.datamodule import ForecastDataModule
+
+    rng = np.random.default_rng(0)
+    n = 200
+    df = pd.DataFrame({"date": pd.date_range("2020-01-01", periods=n, freq="h").astype(str),
+                       "a": rng.normal(size=n).cumsum(), "b": rng.normal(5, 2, size=n)})
+    p = tmp_path / "s.csv"
+    df.to_csv(p, index=False)
+    dm = ForecastDataModule(str(p), input_len=24, horizon=8, borders=[0, 120, 160, 200], train_step=3, eval_step=5, batch_size=4)
+    assert dm.model_info == {"tokenizers": {"time_series": {"num_channels": 2}}, "horizon": 8, "input_len": 24}
+    dm.setup()
+    vals = df[["a", "b"]].to_numpy()
+    mean, std = vals[:120].mean(0), vals[:120].std(0)  # train-split statistics only
+    z = (vals - mean) / std
+    train = dm.datasets["train"]
+    assert len(train) == len(range(0, 120 - 24 - 8 + 1, 3))
+    val = dm.datasets["val"]
+    first = val[0]
+    assert first["index"] == 120 - 24  # validation windows start input_len before the border
+    np.testing.assert_allclose(first["time_series"].numpy(), z[96:120], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(first["target"].numpy(), z[120:128], rtol=0, atol=1e-5)
+    last = val[len(val) - 1]
+    assert last["index"] + 24 + 8 <= 160
+    with pytest.raises(ValueError, match=r"columns \['c'\] are not in"):
+        ForecastDataModule(str(p), columns=["a", "c"])
+
+
+def test_table_datamodule_encodes_with_train_statistics(tmp_path):
+    import pandas as pd
+
+    from mmte.training.datamodule import TableDataModule
+
+    rng = np.random.default_rng(1)
+    n = 60
+    df = pd.DataFrame({"x": rng.normal(3, 2, n), "color": rng.choice(["red", "green", "blue"], n), "y": rng.choice(["no", "yes"], n)})
+    p = tmp_path / "t.csv"
+    df.to_csv(p, index=False)
+    dm = TableDataModule(str(p), label_column="y", val_fraction=0.25, seed=2, batch_size=16)
+    info = dm.model_info
+    assert info["num_classes"] == 2 and dm.class_names == ["no", "yes"]
+    assert info["tokenizers"]["tabular"] == {"num_numeric": 1, "cardinalities": [3]}
+    train_idx = dm.datasets["train"].with_format(None)["index"]
+    mu, sd = df["x"].iloc[train_idx].mean(), df["x"].iloc[train_idx].std(ddof=0)
+    item = dm.datasets["val"][0]
+    row = df.iloc[item["index"]]
+    assert abs(float(item["tabular"]["numeric"][0]) - (row["x"] - mu) / sd) < 1e-5
+    assert item["label"] == ["no", "yes"].index(row["y"])
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["tabular"]["numeric"].shape == (16, 1) and batch["tabular"]["categorical"].shape == (16, 1)
