@@ -353,6 +353,10 @@ class MMTEModule(LightningModule):
             if backbone_weights is None or os.fspath(backbone_weights).lower() not in set(BACKBONE_SOURCES) | set(_ALIASES):
                 raise ValueError("model.backbone is required (a preset name such as 'minilm-l6' or 'tiny') unless backbone_weights names a source")
             backbone = _ALIASES.get(str(backbone_weights).lower(), str(backbone_weights).lower())
+        if backbone_weights is not None:
+            key = _ALIASES.get(os.fspath(backbone_weights).lower(), os.fspath(backbone_weights).lower())
+            if key in BACKBONE_SOURCES:
+                BACKBONE_SOURCES[key][1]()  # a missing package fails now, with the pip command, not mid-run
         self.backbone_spec = backbone
         self.tokenizer_cfg, self.head_cfg = apply_data_info(tokenizers, heads, data_info)
         self.model: MetaTransformer | None = None
