@@ -89,16 +89,19 @@ def _cli_class():
 
         def _run_subcommand(self, subcommand: str) -> None:
             log_dir = self.trainer.log_dir
-            existed = log_dir is not None and os.path.isdir(log_dir)
+            root = self.trainer.default_root_dir
+            existed = {d: d is not None and os.path.isdir(d) for d in (log_dir, root, os.path.dirname(log_dir or ""))}
             ckpt_dir = self.config_init[subcommand].checkpoint.dirpath if subcommand in self.config_init else None
             before = set(os.listdir(ckpt_dir)) if ckpt_dir and os.path.isdir(ckpt_dir) else set()
             try:
                 super()._run_subcommand(subcommand)
             except BaseException:
-                # nothing half-written: a log folder this run created goes, unless a checkpoint was saved
+                # nothing half-written: folders this run created go, unless a checkpoint was saved
                 saved = ckpt_dir and os.path.isdir(ckpt_dir) and (set(os.listdir(ckpt_dir)) - before)
-                if log_dir and not existed and os.path.isdir(log_dir) and not saved:
-                    shutil.rmtree(log_dir, ignore_errors=True)
+                if not saved:
+                    for d in (log_dir, os.path.dirname(log_dir or ""), root):
+                        if d and not existed[d] and os.path.isdir(d):
+                            shutil.rmtree(d, ignore_errors=True)
                 raise
 
     return MMTECLI

@@ -144,6 +144,17 @@ def test_csv_missing_column_one_line(tmp_path, capsys):
                   "--data.init_args.label_column", "target"], tmp_path / "r", "lacks column(s) ['target']")
 
 
+def test_failure_after_start_leaves_nothing(tmp_path, capsys):
+    """An error raised once the trainer runs (an empty validation split) still leaves no folders; a
+    pre-existing root keeps what it had."""
+    args = ["fit", "--config", str(QUICK), "--config", str(TINY), "--data.init_args.val_fraction", "0"]
+    _bad(capsys, args, tmp_path / "r", "the 'val' split is empty")
+    keep = tmp_path / "old"
+    (keep / "mine").mkdir(parents=True)
+    assert main([*args, "--trainer.default_root_dir", str(keep), *FAST]) == 2
+    assert sorted(p.name for p in keep.iterdir()) == ["mine"]
+
+
 def _last_metrics(root: Path) -> dict[str, float]:
     out: dict[str, float] = {}
     for f in sorted(root.glob("logs/version_*/metrics.csv")):

@@ -150,7 +150,7 @@ class MMTEDataModule(LightningDataModule):
             self.build()
 
     def _prepare(self, ds, fns: Mapping[str, tuple[str, Callable]], key: Any, keep: Sequence[str] = ("label", "index")):
-        if self.cache_dir:
+        if self.cache_dir and len(ds) > 0:
             return mds.cached_preprocess(ds, fns, self.cache_dir, key, keep)
         return mds.lazy_preprocess(ds, fns, keep)
 
