@@ -244,3 +244,15 @@ def test_table_datamodule_encodes_with_train_statistics(tmp_path):
     assert item["label"] == ["no", "yes"].index(row["y"])
     batch = next(iter(dm.train_dataloader()))
     assert batch["tabular"]["numeric"].shape == (16, 1) and batch["tabular"]["categorical"].shape == (16, 1)
+
+
+def test_array_datamodule_arrow_cache_equals_lazy(tmp_path):
+    from mmte.training.datamodule import ArrayDataModule
+
+    pre = {"size": None, "mean": [0.5], "std": [0.5], "channels": 1}
+    lazy = ArrayDataModule("digits", "image", pre, batch_size=32)
+    cached = ArrayDataModule("digits", "image", pre, batch_size=32, cache_dir=str(tmp_path / "c"))
+    bl, bc = next(iter(lazy.val_dataloader())), next(iter(cached.val_dataloader()))
+    torch.testing.assert_close(bc["image"], bl["image"], rtol=0, atol=1e-6)
+    assert bc["label"].tolist() == bl["label"].tolist() and bc["index"].tolist() == bl["index"].tolist()
+    assert len(list((tmp_path / "c").glob("mmte-*.arrow"))) == 2  # train and val (the empty test split is not cached)
