@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                                 "min_ms": min(ts) * 1e3, "iters": len(ts)})
                 print(f"{name:11s} batch {bs:4d}: {med * 1e3:9.2f} ms/batch  {bs / med:10.1f} samples/s", flush=True)
     print()
-    print(f"| variant | batch | latency ms (median) | samples/s |")
-    print(f"|---|---:|---:|---:|")
+    print("| variant | batch | latency ms (median) | samples/s |")
+    print("|---|---:|---:|---:|")
     for r in results:
         print(f"| {r['variant']} | {r['batch_size']} | {r['latency_ms']:.2f} | {r['throughput']:.1f} |")
     meta = {

@@ -28,7 +28,7 @@ import shutil
 import sys
 from typing import Any
 
-__all__ = ["MMTECLI", "convert_main", "main", "modalities_main", "modalities_table"]
+__all__ = ["MMTECLI", "convert_main", "main", "modalities_main", "modalities_table"]  # noqa: F822 (MMTECLI: lazy)
 
 logger = logging.getLogger("mmte")
 

@@ -158,7 +158,9 @@ def test_failure_after_start_leaves_nothing(tmp_path, capsys):
 def _last_metrics(root: Path) -> dict[str, float]:
     out: dict[str, float] = {}
     for f in sorted(root.glob("logs/version_*/metrics.csv")):
-        for r in csv.DictReader(open(f)):
+        with open(f) as fh:
+            rows = list(csv.DictReader(fh))
+        for r in rows:
             for k, v in r.items():
                 if v not in ("", None):
                     out[k] = float(v)
@@ -175,7 +177,8 @@ def test_fit_then_predict_writes_csv_and_json(tmp_path, capsys):
     assert main(["predict", *base, "--ckpt_path", str(ckpt)]) == 0
     out = capsys.readouterr().out
     assert "predictions (359 rows)" in out  # 20 % of each digit class, rounded
-    rows = list(csv.DictReader(open(next(root.glob("logs/version_*/predictions.csv")))))
+    with open(next(root.glob("logs/version_*/predictions.csv"))) as fh:
+        rows = list(csv.DictReader(fh))
     assert len(rows) == 359 and set(rows[0]) == {"id", "pred", "prob", "target"}
     assert rows[0]["id"].startswith("digits[")
     assert all(r["pred"] in [str(i) for i in range(10)] and 0.0 < float(r["prob"]) <= 1.0 for r in rows)

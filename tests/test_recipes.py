@@ -63,7 +63,8 @@ def test_recipe_parses_and_instantiates(recipe, tmp_path, shared_data):
 
 
 def _metrics(root: Path) -> dict[str, float]:
-    rows = list(csv.DictReader(open(next(root.glob("run/logs/version_*/metrics.csv")))))
+    with open(next(root.glob("run/logs/version_*/metrics.csv"))) as fh:
+        rows = list(csv.DictReader(fh))
     last: dict[str, float] = {}
     for r in rows:
         for k, v in r.items():

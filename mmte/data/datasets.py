@@ -161,7 +161,7 @@ def check_files(paths: Sequence[str], modality: str, on_corrupt: str = "error") 
     for i, p in enumerate(paths):
         try:
             _check_one(p, modality)
-        except Exception as e:  # any decoder error means the file is unusable
+        except Exception as e:  # noqa: BLE001 (any decoder error means the file is unusable)
             if on_corrupt == "error":
                 raise ValueError(f"corrupt {modality} file {p!r}: {type(e).__name__}: {str(e).strip() or 'unreadable'} (set on_corrupt: skip to drop such files)") from None
             bad.append(p)
@@ -275,7 +275,7 @@ def split_indices(
     out: dict[str, list[int]] = {"train": [], "val": [], "test": []}
     for g in groups:
         g = rng.permutation(g)
-        n_val, n_test = int(round(len(g) * val_fraction)), int(round(len(g) * test_fraction))
+        n_val, n_test = round(len(g) * val_fraction), round(len(g) * test_fraction)
         out["val"] += g[:n_val].tolist()
         out["test"] += g[n_val : n_val + n_test].tolist()
         out["train"] += g[n_val + n_test :].tolist()

@@ -26,7 +26,7 @@ _EXPORTS = {
     "FP8Precision": ".precision",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = list(_EXPORTS)
 
 
 def __getattr__(name: str):

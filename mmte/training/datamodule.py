@@ -162,11 +162,7 @@ class MMTEDataModule(LightningDataModule):
         ds = self.datasets.get(split)
         if ds is None or len(ds) == 0:
             raise ValueError(f"the {split!r} split is empty; set val_fraction/test_fraction (or the split patterns) to make one")
-        kw: dict[str, Any] = dict(
-            collate_fn=self._collate,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-        )
+        kw: dict[str, Any] = {"collate_fn": self._collate, "num_workers": self.num_workers, "persistent_workers": self.num_workers > 0}
         if train:
             return DataLoader(ds, batch_size=self.batch_size, sampler=EpochSeededSampler(len(ds), self.seed), drop_last=self.drop_last, **kw)
         return DataLoader(ds, batch_size=self.eval_batch_size, shuffle=False, **kw)

@@ -46,7 +46,7 @@ import hashlib
 import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -628,7 +628,7 @@ class MMTEModule(LightningModule):
                 depth = n_layers  # heads and anything after the backbone
                 if name.startswith("backbone.layers."):
                     depth = int(name.split(".")[2])
-                elif name.startswith(("tokenizers.", "modality_embed.")) or name.startswith("backbone.norm_pre"):
+                elif name.startswith(("tokenizers.", "modality_embed.", "backbone.norm_pre")):
                     depth = -1
                 scale = hp.layer_decay ** (n_layers - 1 - depth) if depth < n_layers else 1.0
             groups.setdefault((no_decay, scale), []).append(p)
@@ -643,7 +643,7 @@ class MMTEModule(LightningModule):
         hp = self.hparams
         opt = torch.optim.AdamW(self._param_groups(), lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
         total = max(1, int(self.trainer.estimated_stepping_batches)) if self._trainer is not None else 1
-        warm = int(round(hp.warmup * total)) if isinstance(hp.warmup, float) and hp.warmup < 1 else int(hp.warmup)
+        warm = round(hp.warmup * total) if isinstance(hp.warmup, float) and hp.warmup < 1 else int(hp.warmup)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, functools.partial(_warmup_cosine, warmup=warm, total=total, floor=hp.min_lr_ratio))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "name": "lr"}}
 

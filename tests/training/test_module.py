@@ -119,7 +119,7 @@ def _fit(module, root, steps=3):
 
 def test_trainable_only_checkpoint_is_small_and_loads_strictly(tmp_path, tiny_source):
     path, src = tiny_source
-    kw = dict(freeze="backbone", backbone_weights=os.fspath(path), data_info={"num_classes": 10})
+    kw = {"freeze": "backbone", "backbone_weights": os.fspath(path), "data_info": {"num_classes": 10}}
     m = MMTEModule(TOKS, "tiny", HEADS, **kw)
     trainer = _fit(m, tmp_path)
     for k, v in src.state_dict().items():  # the frozen backbone is the source, untouched by training
