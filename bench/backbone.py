@@ -1,9 +1,9 @@
 """Backbone speed and memory: mmte eager / mmte fused vs timm eager / timm + torch.compile.
 
-All four run the same weights (the mmte encoder is converted from the timm model) on the same input,
+All variants run the same weights (the mmte encoder is converted from the timm model) on the same input,
 in one process, interleaved round by round so background load hits them alike; the reported time is
 the median over rounds. Peak memory is measured per variant in a fresh subprocess (CPU: peak RSS
-growth over the model-built baseline; CUDA: ``max_memory_allocated``).
+growth during one warm step over the RSS before it; CUDA: ``max_memory_allocated``).
 
 The machine's matmul rate is measured in the same run with ``F.linear`` at the layer's four GEMM
 shapes (QKV, projection, fc1, fc2), same dtype; achieved GFLOP/s counts the GEMMs, the attention
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -175,14 +174,13 @@ def peak_memory_child(variant: str, shape: str, depth: int, batch: int, dtype: s
     fn = make_step(model, x, train)
     fn()  # compile / allocate once
     if d.type == "cpu":
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        # ru_maxrss is monotonic: measure the growth above everything seen so far, over 2 more steps
+        # VmHWM is the peak RSS of this process image (ru_maxrss would include the parent's, inherited
+        # across exec); writing 5 to clear_refs resets it to the current RSS, so the next step's peak
+        # is measured on its own.
+        base = _proc_status("VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")
         fn()
-        fn()
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        import gc
-
-        gc.collect()
+        peak = _proc_status("VmHWM")
         print(json.dumps({"peak_growth_bytes": peak - base, "peak_rss_bytes": peak}))
     else:
         mdev.synchronize(d)
@@ -193,12 +191,19 @@ def peak_memory_child(variant: str, shape: str, depth: int, batch: int, dtype: s
         print(json.dumps({"peak_growth_bytes": mdev.max_memory_allocated(d) - before, "peak_rss_bytes": mdev.max_memory_allocated(d)}))
 
 
+def _proc_status(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
 def peak_memory(variant, s: Shape, args, train: bool) -> int | None:
     cmd = [sys.executable, __file__, "--_child", variant, "--configs", s.name, "--depth", str(s.depth), "--batch", str(args.batch),
            "--dtype", args.dtype, "--device", args.device] + (["--_train"] if train else [])
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=True).stdout.strip().splitlines()[-1]
-        return json.loads(out)["peak_rss_bytes"]
+        return json.loads(out)["peak_growth_bytes"]
     except Exception as e:  # report, do not invent
         print(f"  memory measurement failed for {variant}: {e}", file=sys.stderr)
         return None
@@ -234,7 +239,7 @@ def main() -> None:
         res = time_variants(s, args, dtype, dev)
         print(f"\n## {s.name}: {s.depth} layers x {s.dim}, {s.heads} heads, batch {args.batch} x {s.tokens} tokens; "
               f"matmul rate at the layer's GEMM shapes: {rate:.1f} GFLOP/s")
-        print("| mode | variant | ms/step | samples/s | GFLOP/s | % of matmul rate | vs timm eager | vs timm compile | peak MiB |")
+        print("| mode | variant | ms/step | samples/s | GFLOP/s | % of matmul rate | vs timm eager | vs timm compile | step peak MiB |")
         print("|---|---|---|---|---|---|---|---|---|")
         for mode, mult in (("forward", 1), ("train", 3)):
             te_ = res[(mode, "timm_eager")]["median_s"]
