@@ -20,11 +20,13 @@ _LAZY = {
     "list_modalities": "mmte.tokenizers.registry",
     "register_modality": "mmte.tokenizers.registry",
     "get_modality": "mmte.tokenizers.registry",
+    "MMTEModule": "mmte.training.module",
 }
 
 __all__ = [
     "Backbone",
     "BackboneConfig",
+    "MMTEModule",
     "MetaTransformer",
     "TokenSeq",
     "__version__",
