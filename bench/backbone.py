@@ -36,7 +36,7 @@ from mmte import device as mdev  # noqa: E402
 from mmte.encoders import from_timm  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-VARIANTS = ("timm_eager", "timm_compile", "mmte_eager", "mmte_fused", "mmte_compiled_fwd")
+VARIANTS = ("timm_eager", "timm_compile", "mmte_eager", "mmte_fused")
 
 
 @dataclass
@@ -99,9 +99,7 @@ def build(variant: str, s: Shape, dtype, dev):
     if variant.startswith("timm"):
         model = src
     else:
-        model = from_timm(src, fused=variant in ("mmte_fused", "mmte_compiled_fwd"))
-        # mmte_fused is the default fused backbone; mmte_compiled_fwd also runs compiled layers for CPU inference
-        model.backbone.compiled_cpu_inference = variant == "mmte_compiled_fwd"
+        model = from_timm(src, fused=variant == "mmte_fused")
     model = model.to(device=dev, dtype=dtype)
     if variant == "timm_compile":
         model.compile()
@@ -129,19 +127,13 @@ def make_step(model, x, train: bool):
     return step
 
 
-def variants_for(mode: str) -> tuple[str, ...]:
-    # the compiled-inference variant differs from mmte_fused only in the forward
-    return VARIANTS if mode == "forward" else VARIANTS[:-1]
-
-
 def time_variants(s: Shape, args, dtype, dev) -> dict:
     x = torch.randn(args.batch, 3, s.img, s.img, device=dev, dtype=dtype)
     results = {}
     for train in (False, True):
         mode = "train" if train else "forward"
         steps = {}
-        variants = variants_for(mode)
-        for v in variants:
+        for v in VARIANTS:
             model = build(v, s, dtype, dev)
             fn = make_step(model, x, train)
             t0 = time.perf_counter()
@@ -149,16 +141,16 @@ def time_variants(s: Shape, args, dtype, dev) -> dict:
                 fn()
             mdev.synchronize(dev)
             steps[v] = (fn, time.perf_counter() - t0)
-        times = {v: [] for v in variants}
+        times = {v: [] for v in VARIANTS}
         for _ in range(args.rounds):  # interleaved rounds
-            for v in variants:
+            for v in VARIANTS:
                 fn = steps[v][0]
                 mdev.synchronize(dev)
                 t = time.perf_counter()
                 fn()
                 mdev.synchronize(dev)
                 times[v].append(time.perf_counter() - t)
-        for v in variants:
+        for v in VARIANTS:
             results[(mode, v)] = {"median_s": statistics.median(times[v]), "min_s": min(times[v]), "warmup_s": steps[v][1]}
         del steps
     return results
@@ -244,7 +236,7 @@ def main() -> None:
         for mode, mult in (("forward", 1), ("train", 3)):
             te_ = res[(mode, "timm_eager")]["median_s"]
             tc_ = res[(mode, "timm_compile")]["median_s"]
-            for v in variants_for(mode):
+            for v in VARIANTS:
                 t = res[(mode, v)]["median_s"]
                 gflops = mult * flops / t / 1e9
                 mem = None if args.no_memory else peak_memory(v, s, args, mode == "train")
