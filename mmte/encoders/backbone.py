@@ -17,7 +17,6 @@ norms is still a ``Backbone``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import asdict
 
@@ -44,11 +43,6 @@ class Backbone(nn.Module):
         fusion: how ``fused`` fuses: ``"compile"`` (regional torch.compile: inductor's C++ kernels on
             CPUs, Triton on GPUs) or ``"kernels"`` (no compile: the eager graph with mmte's hand-written
             Triton add+norm and bias+activation kernels where they can run — no warm-up, any shape).
-        compiled_cpu_inference: with ``fusion="compile"``, also run the compiled layers for CPU
-            inference (grad disabled). Off by default: on the CPUs measured (BENCHMARKS.md) inductor's
-            generated LayerNorm/GELU loops are slower than ATen's, so a compiled forward loses a few
-            percent while the compiled training step wins; CPU inference then runs the layers eagerly
-            (same numbers). GPUs and CPU training always take the compiled path.
         backend: ``"native"`` (mmte.te) or ``"te"`` (TransformerEngine, when installed).
         params_dtype, device: parameter dtype and device (``"meta"`` for deferred init).
         **overrides: config fields to override (``Backbone("tiny", num_layers=4)``).
@@ -60,7 +54,6 @@ class Backbone(nn.Module):
         *,
         fused: bool = False,
         fusion: str = "compile",
-        compiled_cpu_inference: bool = False,
         backend: str = "native",
         params_dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
@@ -113,7 +106,6 @@ class Backbone(nn.Module):
         if fusion not in FUSIONS:
             raise ValueError(f"fusion must be one of {FUSIONS}; got {fusion!r}")
         self.fusion = fusion
-        self.compiled_cpu_inference = compiled_cpu_inference
         if fused:
             self.fuse()
 
@@ -150,19 +142,6 @@ class Backbone(nn.Module):
     def extra_repr(self) -> str:
         return f"backend={self.backend!r}, fused={self.fused}, fusion={self.fusion!r}, " + ", ".join(f"{k}={v}" for k, v in asdict(self.config).items())
 
-    def _stance(self, x: torch.Tensor):
-        """``force_eager`` for compiled layers during CPU inference (see ``compiled_cpu_inference``)."""
-        if (
-            self.fused
-            and self.fusion == "compile"
-            and not self.compiled_cpu_inference
-            and x.device.type == "cpu"
-            and not torch.is_grad_enabled()
-            and not torch.compiler.is_compiling()
-        ):
-            return torch.compiler.set_stance("force_eager")
-        return contextlib.nullcontext()
-
     def check_input(self, x: torch.Tensor, mask: torch.Tensor | None) -> None:
         """Raise ``ValueError`` naming the shapes when ``x``/``mask`` do not fit this backbone."""
         d = self.config.hidden_size
@@ -197,9 +176,8 @@ class Backbone(nn.Module):
             mask = None  # no padding: take SDPA's fastest kernel
         if self.norm_pre is not None:
             x = self.norm_pre(x)
-        with self._stance(x):
-            for layer in self.layers.values():
-                x = layer(x, mask)
+        for layer in self.layers.values():
+            x = layer(x, mask)
         if self.norm is not None:
             x = self.norm(x)
         return x

@@ -110,18 +110,3 @@ def test_bf16_autocast_is_accepted():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = b(torch.randn(1, 4, 64))
     assert out.shape == (1, 4, 64) and torch.isfinite(out).all()
-
-
-def test_cpu_inference_runs_compiled_layers_eagerly_by_default():
-    import torch._dynamo
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
-    b = Backbone("tiny", fused=True).eval()
-    ref = Backbone("tiny").eval()
-    ref.load_state_dict(b.state_dict())
-    x = torch.randn(2, 5, 64)
-    with torch.no_grad():
-        torch.testing.assert_close(b(x), ref(x), rtol=0, atol=0)  # the eager kernels: bit-equal
-    assert counters["frames"]["ok"] == 0  # nothing was compiled

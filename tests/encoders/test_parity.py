@@ -71,7 +71,6 @@ def test_from_timm_fused_matches_eager():
     src = _perturb(timm.create_model("vit_base_patch16_224", pretrained=False, num_classes=0, depth=2, embed_dim=64,
                                      num_heads=4, img_size=32, patch_size=8))
     enc = from_timm(src, fused=True).eval()
-    enc.backbone.compiled_cpu_inference = True  # run the compiled layers in inference too
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert _maxdiff(enc.forward_features(x), src.forward_features(x)) <= ATOL
