@@ -153,7 +153,7 @@ def bench_gpu_vit_step(device, rounds: int, batch: int) -> list[dict]:  # pragma
             why = "bf16 autocast"
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-        def step():
+        def step(model=model, opt=opt):
             with torch.autocast(torch.device(device).type, dtype=torch.bfloat16), fp8.autocast(recipe=recipe, enabled=recipe is not None):
                 loss = F.cross_entropy(model(images), labels)
             opt.zero_grad(set_to_none=True)
