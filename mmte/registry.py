@@ -57,10 +57,20 @@ class Registry(Generic[T]):
             try:
                 obj = ep.load()
             except Exception as e:  # a broken plug-in must not break the library
-                logger.warning("could not load %s entry point %r: %s", self.kind, ep.name, e)
+                logger.warning("could not load %s entry point %r (%s): %s", self.kind, ep.name, ep.value, e)
                 continue
-            if ep.name not in self._items and obj not in self._items.values():
-                self.register(ep.name, obj)
+            if ep.name in self._items:
+                continue
+            item = self._from_entry_point(ep.name, obj)
+            if item is not None:
+                self.register(ep.name, item)
+            logger.info("loaded %s plug-in %r from %s", self.kind, ep.name, ep.value)
+
+    def _from_entry_point(self, name: str, obj: Any) -> T | None:
+        """What to register for a loaded entry point (None: nothing, e.g. it registered itself on import).
+
+        Subclasses adapt plug-in objects here (a bare class into a spec, say)."""
+        return None if obj in self._items.values() else obj
 
     def reload_entry_points(self) -> None:
         """Scan the entry-point group again (after installing a plug-in in the same process)."""

@@ -29,7 +29,6 @@ import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from typing import Any
 
 from torch import nn
@@ -171,23 +170,16 @@ class _ModalityRegistry(Registry[ModalitySpec]):
 
     def _load_entry_points(self) -> None:
         self._load_builtins()
-        if self._entry_points_loaded:
-            return
-        self._entry_points_loaded = True
-        for ep in entry_points(group=self.entry_point_group):
-            try:
-                obj = ep.load()
-            except Exception as e:  # a broken plug-in must not break the library
-                logger.warning("could not load modality entry point %r (%s): %s", ep.name, ep.value, e)
-                continue
-            if ep.name in self._items:
-                continue
-            if isinstance(obj, ModalitySpec):
+        super()._load_entry_points()
+
+    def _from_entry_point(self, name: str, obj: Any) -> ModalitySpec | None:
+        if isinstance(obj, ModalitySpec):  # registered under its own name
+            if obj.name not in self._items:
                 self.register(obj.name, obj)
-            elif isinstance(obj, type) and issubclass(obj, nn.Module):
-                if not any(s.tokenizer is obj for s in self._items.values()):
-                    self.register(ep.name, ModalitySpec(ep.name, obj))
-            logger.info("loaded modality plug-in %r from %s", ep.name, ep.value)
+            return None
+        if isinstance(obj, type) and issubclass(obj, nn.Module):
+            return None if any(s.tokenizer is obj for s in self._items.values()) else ModalitySpec(name, obj)
+        return None
 
     def get(self, name: str) -> ModalitySpec:
         self._load_entry_points()
