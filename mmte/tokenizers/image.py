@@ -10,11 +10,22 @@ from torch import nn
 
 from .base import ModalityTokenizer, TokenSeq
 
-__all__ = ["ImageTokenizer", "resample_pos_embed"]
+__all__ = ["ImageTokenizer", "patch_grid", "resample_pos_embed"]
 
 
 def _pair(x: int | tuple[int, int]) -> tuple[int, int]:
     return (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))
+
+
+def patch_grid(
+    img_size: int | tuple[int, int], patch_size: int | tuple[int, int]
+) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """``(img_size, patch_size, grid_size)`` as (h, w) pairs; ``ValueError`` when the image does not
+    divide into whole patches."""
+    img, patch = _pair(img_size), _pair(patch_size)
+    if any(i % p for i, p in zip(img, patch)):
+        raise ValueError(f"img_size {img} must be a multiple of patch_size {patch}")
+    return img, patch, (img[0] // patch[0], img[1] // patch[1])
 
 
 def resample_pos_embed(
@@ -70,10 +81,7 @@ class ImageTokenizer(ModalityTokenizer):
         device: torch.device | str | None = None,
     ):
         super().__init__(dim)
-        self.img_size, self.patch_size = _pair(img_size), _pair(patch_size)
-        if any(i % p for i, p in zip(self.img_size, self.patch_size)):
-            raise ValueError(f"img_size {self.img_size} must be a multiple of patch_size {self.patch_size}")
-        self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
+        self.img_size, self.patch_size, self.grid_size = patch_grid(img_size, patch_size)
         self.in_chans = in_chans
         self.no_embed_class = no_embed_class
         self.dynamic_img_size = dynamic_img_size

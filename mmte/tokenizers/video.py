@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .base import ModalityTokenizer, TokenSeq, prepend_cls
-from .image import ImageTokenizer, _pair, resample_pos_embed
+from .image import ImageTokenizer, patch_grid, resample_pos_embed
 from .registry import register_modality
 
 __all__ = ["VideoTokenizer"]
@@ -47,12 +47,9 @@ class VideoTokenizer(ModalityTokenizer):
         device: torch.device | str | None = None,
     ):
         super().__init__(dim)
-        self.img_size, self.patch_size = _pair(img_size), _pair(patch_size)
-        if any(i % p for i, p in zip(self.img_size, self.patch_size)):
-            raise ValueError(f"img_size {self.img_size} must be a multiple of patch_size {self.patch_size}")
+        self.img_size, self.patch_size, self.grid_size = patch_grid(img_size, patch_size)
         if max_frames < tubelet_size:
             raise ValueError(f"max_frames ({max_frames}) must be >= tubelet_size ({tubelet_size})")
-        self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
         self.tubelet_size, self.in_chans, self.max_frames = tubelet_size, in_chans, max_frames
         self.max_time = max_frames // tubelet_size
         kw = dict(device=device, dtype=params_dtype)
