@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _check() -> None:
     from mmte.encoders import Backbone
     from mmte.te import triton_ops
+    from tests.reference.compare import assert_same_forward_backward
 
     torch.manual_seed(0)
     for overrides in (dict(), dict(normalization="RMSNorm", activation="quick_gelu")):
@@ -32,16 +33,7 @@ def _check() -> None:
         x = torch.randn(2, 5, 32)
         assert triton_ops.dispatches_to_triton(x), triton_ops.available("cpu")
         mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
-        outs, grads = [], []
-        for m in (eager, fused):
-            xi = x.clone().requires_grad_(True)
-            out = m(xi, mask)
-            out.pow(2).sum().backward()
-            outs.append(out.detach())
-            grads.append([xi.grad] + [p.grad for p in m.parameters()])
-        torch.testing.assert_close(outs[1], outs[0], rtol=1.3e-6, atol=1e-5)
-        for a, b in zip(grads[0], grads[1]):
-            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+        assert_same_forward_backward(eager, fused, x, mask, lambda o: o.pow(2).sum(), fwd_tol=(1.3e-6, 1e-5), bwd_tol=(1e-5, 1e-5))
     print("fused-kernels backbone OK")
 
 
