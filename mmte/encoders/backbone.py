@@ -200,8 +200,8 @@ class Backbone(nn.Module):
         and softmax in fp32) with autocast switched off inside, so no op is cast back and forth.
         """
         self.check_input(x, mask)
-        if mask is not None and bool(mask.all()):
-            mask = None  # no padding: take SDPA's fastest kernel
+        if mask is not None and not torch.compiler.is_exporting() and bool(mask.all()):
+            mask = None  # no padding: take SDPA's fastest kernel (exported graphs keep the mask: no data-dependent branch)
         dt = self.lowp_dtype(x)
         if dt is not None and dt != x.dtype:
             with torch.autocast(x.device.type, enabled=False):
