@@ -105,7 +105,7 @@ class InferenceModel(nn.Module):
 def optimize(
     model: nn.Module,
     dtype: str = "auto",
-    compile: bool = False,  # noqa: A002 - torch's word
+    compile: bool = False,
     *,
     device: str | torch.device | None = None,
     compile_min_batch: int = 2,

@@ -403,7 +403,7 @@ class MetaTransformer(nn.Module):
             out = self._touch_unused(out, set(seqs))
         return out
 
-    def inference(self, dtype: str = "auto", compile: bool = False, **kwargs: Any) -> nn.Module:  # noqa: A002
+    def inference(self, dtype: str = "auto", compile: bool = False, **kwargs: Any) -> nn.Module:
         """A frozen eval-mode copy for prediction: backbone in bf16 where the CPU has native bf16 (``"auto"``),
         run under ``torch.inference_mode``, optionally compiled. See :func:`mmte.inference.optimize`."""
         from .inference import optimize
