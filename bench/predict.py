@@ -44,8 +44,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mmte import device as mdev  # noqa: E402
-from mmte.inference import optimize, resolve_dtype  # noqa: E402
+from mmte import device as mdev
+from mmte.inference import optimize, resolve_dtype
 
 MODELS = ("vit-s16", "quickstart")
 
@@ -68,7 +68,7 @@ def vit_s16(dry: bool):
     from mmte.encoders import from_timm
 
     torch.manual_seed(0)
-    kw = dict(depth=1, embed_dim=64, num_heads=2) if dry else {}
+    kw = {"depth": 1, "embed_dim": 64, "num_heads": 2} if dry else {}
     src = timm.create_model("vit_small_patch16_224", pretrained=False, num_classes=0, **kw).eval()
     enc = from_timm(src).eval()
     return src, enc
@@ -145,7 +145,9 @@ def variants_for(model_name: str, args, tmp: str) -> tuple[dict, callable]:
     from mmte.export import FlatModel
 
     threads = torch.get_num_threads()
-    ac = lambda f: (lambda *a: _autocast(f, *a))  # noqa: E731
+
+    def ac(f):
+        return lambda *a: _autocast(f, *a)
     if model_name == "vit-s16":
         src, enc = vit_s16(args.dry_run)
         size = 224
