@@ -242,8 +242,8 @@ def env_report() -> list[tuple[str, str]]:
     from . import __version__
     from . import device as mdev
 
-    rows = [("mmte", __version__)]
-    for pkg in ("torch", "lightning", "timm", "transformers", "onnx", "onnxruntime", "onnxscript"):
+    rows = [("mmte", __version__), ("torch", torch.__version__)]
+    for pkg in ("lightning", "timm", "transformers", "onnx", "onnxruntime", "onnxscript"):
         try:
             rows.append((pkg, md.version(pkg)))
         except md.PackageNotFoundError:
