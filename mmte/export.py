@@ -121,6 +121,15 @@ def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max((x.detach().float() - torch.as_tensor(y).float()).abs().max().item() for x, y in zip(a, b, strict=True))
 
 
+def _check_args(fmt: str, path: str, opset: int) -> None:
+    if fmt not in FORMATS:
+        raise ValueError(f"export format must be one of {FORMATS}; got {fmt!r}")
+    if not path.endswith(_SUFFIX[fmt]):
+        raise ValueError(f"--out for format {fmt!r} must end in {_SUFFIX[fmt]}; got {path!r}")
+    if fmt == "onnx" and opset < 17:
+        raise ValueError(f"ONNX opset must be >= 17 (LayerNormalization); got {opset}")
+
+
 def export(model: nn.Module, batch: Mapping[str, Any], path: str | os.PathLike, fmt: str = "onnx", *, opset: int = 18) -> ExportResult:
     """Export ``model`` (fp32, eval mode) and check the file against the eager model on ``batch``.
 
@@ -139,13 +148,8 @@ def export(model: nn.Module, batch: Mapping[str, Any], path: str | os.PathLike, 
     Raises:
         ValueError: an unknown format, a suffix that does not match it, or an opset below 17.
     """
-    if fmt not in FORMATS:
-        raise ValueError(f"export format must be one of {FORMATS}; got {fmt!r}")
     path = os.fspath(path)
-    if not path.endswith(_SUFFIX[fmt]):
-        raise ValueError(f"--out for format {fmt!r} must end in {_SUFFIX[fmt]}; got {path!r}")
-    if fmt == "onnx" and opset < 17:
-        raise ValueError(f"ONNX opset must be >= 17 (LayerNormalization); got {opset}")
+    _check_args(fmt, path, opset)
     model = model.eval()
     flat = FlatModel(model, batch)
     args = flat.example_inputs
@@ -221,6 +225,7 @@ def export_main(argv: list[str]) -> int:
     a, rest = p.parse_known_args(argv)
     if "--config" not in rest and not any(r.startswith("--config=") for r in rest):
         raise ValueError("mmte export needs the recipe: --config recipes/<name>.yaml")
+    _check_args(a.format, a.out, a.opset)
     if a.batch_size < 2:
         raise ValueError(f"--batch_size must be >= 2 (a batch of 1 would fix the batch dimension); got {a.batch_size}")
     module, dm = _build_from_recipe(rest, a.ckpt_path)

@@ -1,5 +1,6 @@
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -105,7 +106,7 @@ def test_auto_precision_follows_the_cpu(tmp_path, monkeypatch, flags, capability
 
 def test_this_cpu_matches_proc_cpuinfo():
     info = device.cpu_info()
-    text = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    text = Path("/proc/cpuinfo").read_text() if os.path.exists("/proc/cpuinfo") else ""
     if "avx512_bf16" in text.split():
         assert info.bf16 and "avx512_bf16" in info.flags
     assert 1 <= info.physical_cores <= info.logical_cores <= (os.cpu_count() or 1)
