@@ -175,7 +175,7 @@ def fp8_section(a, budget: Budget) -> dict[str, float]:
 
     dev = torch.device(a.device)
     cap = torch.cuda.get_device_capability(dev)
-    src, enc = _models(a)
+    _, enc = _models(a)
     x = torch.randn(a.batch, 3, 224, 224, device=dev)
     fns = {"mmte_bf16": _step(copy.deepcopy(enc).to(dev), x)}
     if cap >= (8, 9):
