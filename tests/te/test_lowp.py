@@ -5,6 +5,7 @@ in fp32, and `precision: auto` through `mmte fit` (with the loss curve of bf16 a
 from __future__ import annotations
 
 import csv
+import logging
 from pathlib import Path
 
 import pytest
@@ -194,15 +195,29 @@ def test_dot_product_attention_takes_the_bf16_composition_on_cpu():
 
 
 # ------------------------------------------------------------------------- precision: auto (CLI)
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append("mmte: " + record.getMessage())
+
+
 def _fit(tmp_path: Path, name: str, extra: list[str], capfd) -> tuple[list[float], str]:
     from mmte.cli import main
 
+    log = logging.getLogger("mmte")
+    grab = _Lines()
+    log.addHandler(grab)  # the CLI's own handler may write to a stream captured by an earlier test
     root = tmp_path / name
     rc = main(["fit", "--config", str(QUICK), "--config", str(TINY), "--trainer.default_root_dir", str(root),
                "--trainer.max_steps", "6", "--trainer.limit_val_batches", "0", "--trainer.log_every_n_steps", "1",
                "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false", *extra])
+    log.removeHandler(grab)
     assert rc == 0
-    err = capfd.readouterr().err
+    capfd.readouterr()
+    err = "\n".join(grab.lines)
     (metrics,) = list((root / "logs").glob("version_*/metrics.csv"))
     losses = [float(r["train_loss_step"]) for r in csv.DictReader(metrics.open()) if r.get("train_loss_step")]
     return losses, err
