@@ -214,9 +214,9 @@ def run_model(model_name: str, args) -> list[dict]:
             base, ort = statistics.median(times[base_key]), statistics.median(times.get("ort-fp32") or [float("nan")])
             for k, ts in times.items():
                 m = statistics.median(ts)
-                rows.append(dict(model=model_name, variant=k, batch=bs, latency_ms=m * 1e3, samples_per_s=bs / m,
-                                 vs_baseline=base / m, baseline=base_key, vs_ort_fp32=ort / m, rounds=len(ts),
-                                 spread=(max(ts) - min(ts)) / m))
+                rows.append({"model": model_name, "variant": k, "batch": bs, "latency_ms": m * 1e3, "samples_per_s": bs / m,
+                             "vs_baseline": base / m, "baseline": base_key, "vs_ort_fp32": ort / m, "rounds": len(ts),
+                             "spread": (max(ts) - min(ts)) / m})
         return rows
 
 
