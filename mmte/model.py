@@ -458,6 +458,13 @@ class MetaTransformer(nn.Module):
             out = self._touch_unused(out, set(seqs))
         return out
 
+    def inference(self, dtype: str = "auto", compile: bool = False, **kwargs: Any) -> nn.Module:
+        """A frozen eval-mode copy for prediction: backbone in bf16 where the CPU has native bf16 (``"auto"``),
+        run under ``torch.inference_mode``, optionally compiled. See :func:`mmte.inference.optimize`."""
+        from .inference import optimize
+
+        return optimize(self, dtype, compile, **kwargs)
+
     def _touch_unused(self, out: dict[str, Any], present: set[str]) -> dict[str, Any]:
         unused = [p for m, t in self.tokenizers.items() if m not in present for p in t.parameters() if p.requires_grad]
         unused += [p for n, h in self.heads.items() if n not in out for p in h.parameters() if p.requires_grad]

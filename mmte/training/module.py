@@ -31,15 +31,15 @@ What it adds to the model:
   = {source, keys, sha256 fingerprint}; ``on_load_checkpoint`` rebuilds them from that source, checks the
   fingerprint, and puts them back, so ``load_state_dict(strict=True)`` (Lightning's resume and
   ``load_from_checkpoint``) sees every key. A frozen backbone without a source (random init) is saved.
-* **Inference**: ``predict_step`` runs under Lightning's ``torch.inference_mode``, in eval mode,
-  optionally with the fused backbone (``fuse_for_inference``) and bf16 autocast
-  (``predict_dtype="bf16"``); it returns per-head predictions (class ids and probabilities, values,
-  or embeddings).
+* **Inference**: ``predict_step`` runs :meth:`MetaTransformer.inference` (:mod:`mmte.inference`): an
+  eval-mode frozen copy under ``torch.inference_mode`` whose backbone holds bf16 weights where the
+  device has native bf16 (``predict_dtype="auto"``; or ``"bf16"``, ``"fp32"``, ``"fp8"``), optionally
+  with compiled backbone layers (``fuse_for_inference``); it returns per-head predictions (class ids
+  and probabilities, values, or embeddings).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import hashlib
@@ -312,7 +312,8 @@ class MMTEModule(LightningModule):
         layer_decay: layer-wise learning-rate decay factor in (0, 1], or None.
         save_frozen: ``"auto"`` (leave out a frozen backbone that has a source), ``"always"``.
         fuse_for_inference: compile the backbone layers (regional torch.compile) for predict.
-        predict_dtype: ``"fp32"`` or ``"bf16"`` (autocast) for predict.
+        predict_dtype: ``"auto"`` (bf16 where the CPU/GPU has native bf16, else fp32), ``"bf16"``, ``"fp32"``
+            or ``"fp8"``: the backbone's weights for predict (see :mod:`mmte.inference`).
         epoch_seed: re-seed torch's RNG at every training epoch from (this, epoch), so a resumed run
             draws the same dropout masks as an uninterrupted one; None: leave the RNG alone.
         data_info: what the data determines (classes, channels, horizon...); linked from the
@@ -336,7 +337,7 @@ class MMTEModule(LightningModule):
         layer_decay: float | None = None,
         save_frozen: str = "auto",
         fuse_for_inference: bool = False,
-        predict_dtype: str = "fp32",
+        predict_dtype: str = "auto",
         epoch_seed: int | None = 0,
         data_info: dict[str, Any] | None = None,
     ):
@@ -344,8 +345,8 @@ class MMTEModule(LightningModule):
         self.save_hyperparameters()
         if save_frozen not in ("auto", "always"):
             raise ValueError(f"save_frozen must be 'auto' or 'always'; got {save_frozen!r}")
-        if predict_dtype not in ("fp32", "bf16"):
-            raise ValueError(f"predict_dtype must be 'fp32' or 'bf16'; got {predict_dtype!r}")
+        if predict_dtype not in ("auto", "fp32", "bf16", "fp8"):
+            raise ValueError(f"predict_dtype must be 'auto', 'fp32', 'bf16' or 'fp8'; got {predict_dtype!r}")
         if layer_decay is not None and not 0.0 < layer_decay <= 1.0:
             raise ValueError(f"layer_decay must be in (0, 1] or None; got {layer_decay!r}")
         if not isinstance(heads, Mapping) or not heads:
@@ -680,16 +681,19 @@ class MMTEModule(LightningModule):
 
     def on_predict_start(self) -> None:
         self._reload_pretrained()
-        if self.hparams.fuse_for_inference:
-            self.model.backbone.fuse()
+        # not a registered submodule: it shares the model's weights and must not enter state_dict()
+        infer = self.model.inference(self.hparams.predict_dtype, compile=self.hparams.fuse_for_inference, device=self.device)
+        object.__setattr__(self, "_inference", infer)
+
+    def on_predict_end(self) -> None:
+        object.__setattr__(self, "_inference", None)
 
     def predict_step(self, batch: Mapping[str, Any], batch_idx: int, dataloader_idx: int = 0) -> dict[str, Any]:
         """Per-head predictions: classification ``{pred [B], prob [B, C]}``, regression/forecasting
         ``{value [B, ...]}``, contrastive ``{<modality>: [B, E]}``; plus ``index`` (row ids) and the
         target when the batch carries it."""
-        ctx = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.hparams.predict_dtype == "bf16" else contextlib.nullcontext()
-        with ctx:
-            out = self.model(batch)
+        infer = getattr(self, "_inference", None)
+        out = infer(batch) if infer is not None else self.model(batch)
         res: dict[str, Any] = {}
         if "index" in batch:
             res["index"] = batch["index"]
