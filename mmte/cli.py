@@ -132,6 +132,13 @@ def _resolve_precision(c: Any) -> None:
     from . import device as mdev
 
     want = c.get("precision")
+    plugins = c.trainer.get("plugins") or []
+    plugins = plugins if isinstance(plugins, list) else [plugins]
+    owner = next((p for p in plugins if "precision" in str(getattr(p, "class_path", p)).lower()), None)
+    if owner is not None and want is not None:
+        # a precision plugin (e.g. configs/precision/fp8-*.yaml) decides; 'precision' would clash with it
+        logger.info("precision %s: %s decides (from trainer.plugins)", want, getattr(owner, "class_path", owner))
+        want = None
     accel = str(c.trainer.accelerator or "auto")
     dev = "cpu" if accel == "cpu" or not any(mdev.is_available(t) for t in ("cuda", "musa")) else mdev.default_device().type
     why = "trainer.precision"
@@ -143,7 +150,11 @@ def _resolve_precision(c: Any) -> None:
             prec, why = want, "precision"
         c.trainer.precision = prec
     header = mdev.describe() if dev == "cpu" else f"device {mdev.info(dev).name}"
-    logger.info("%s, precision %s (%s)", header, c.trainer.precision or "32-true", why)
+    if owner is not None:
+        prec, why = str(getattr(owner, "class_path", owner)).rsplit(".", 1)[-1], "trainer.plugins"
+    else:
+        prec = c.trainer.precision or "32-true"
+    logger.info("%s, precision %s (%s)", header, prec, why)
 
 
 # ------------------------------------------------------------------------------------ modalities
