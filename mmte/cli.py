@@ -107,6 +107,9 @@ def _cli_class():
             ckpt_dir = self.config_init[subcommand].checkpoint.dirpath if subcommand in self.config_init else None
             before = set(os.listdir(ckpt_dir)) if ckpt_dir and os.path.isdir(ckpt_dir) else set()
             try:
+                strategy = self.trainer.strategy
+                if callable(getattr(strategy, "preflight", None)):  # refuse what cannot work before any process starts
+                    strategy.preflight(self.model, self.trainer.num_nodes * self.trainer.num_devices, subcommand)
                 super()._run_subcommand(subcommand)
             except BaseException:
                 # nothing half-written: folders this run created go, unless a checkpoint was saved

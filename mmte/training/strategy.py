@@ -130,7 +130,10 @@ class MMTEStrategy(ModelParallelStrategy):
         module = self._lightning_module
         model = getattr(module, "model", None) if module is not None else None
         c = None
-        if isinstance(model, nn.Module):
+        full = getattr(module, "_full_meta", None)
+        if callable(full):
+            c = full().backbone.config
+        elif isinstance(model, nn.Module):
             bbs = find_backbones(model)
             c = bbs[0][1].config if bbs else None
         elif module is not None:  # not built yet (configure_model comes later): read the backbone from hparams
@@ -139,6 +142,35 @@ class MMTEStrategy(ModelParallelStrategy):
             hints = dict(num_attention_heads=c.num_attention_heads, ffn_hidden_size=c.ffn_hidden_size, num_layers=c.num_layers)
         spr = stages_per_rank(self.parallel_config.pp_schedule, self.parallel_config.virtual_stages) if self.dims.pp > 1 else 1
         return self.dims.validate(world_size, stages_per_rank=spr, **hints)
+
+    def preflight(self, module, world_size: int, stage: str = "fit") -> ParallelDims:
+        """Refuse, before any process starts, a combination that cannot work, with what to change: sizes
+        against the world and the backbone (heads, MLP width, layers per pipeline stage), and what pipeline
+        parallel cannot do (contrastive pairs, ``mmte predict``, plain DDP replicas). The ``mmte`` CLI
+        calls it; :meth:`setup_environment` checks the sizes again in every process."""
+        self._lightning_module = module
+        try:
+            dims = self.validate(world_size)
+        finally:
+            self._lightning_module = None
+        hp = getattr(module, "hparams", {}) or {}
+        if dims.pp > 1:
+            if hp.get("fusion") == "separate":
+                raise ValueError(
+                    f"pipeline parallel (pp={dims.pp}) runs one token sequence per sample; fusion 'separate' (each modality "
+                    "through the backbone on its own, e.g. contrastive pairs) cannot be pipelined: use data or tensor parallel"
+                )
+            if stage == "predict":
+                raise ValueError(
+                    f"mmte predict does not run under pipeline parallel (pp={dims.pp}); checkpoints are portable: predict with "
+                    "one process (drop the parallel fragment) or a data/tensor-parallel one"
+                )
+            if dims.dp_replicate > 1 and dims.dp_shard == 1:
+                raise ValueError(
+                    f"pp={dims.pp} with plain DDP (dp_replicate={dims.dp_replicate}) is not supported (DDP's reducer cannot follow "
+                    "a pipeline schedule's split backward); use dp_shard for the data-parallel dimension"
+                )
+        return dims
 
     def setup_environment(self) -> None:
         # validation first: no process group exists yet
