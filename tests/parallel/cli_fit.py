@@ -102,18 +102,23 @@ def main() -> None:
     torch.set_num_threads(1)
     out, runs = sys.argv[1], json.loads(open(sys.argv[2]).read())
     results = {}
+    rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
     for name, args in runs.items():
         try:
             results[name] = run(args)
-        except Exception as e:  # noqa: BLE001 - recorded and compared by the test
-            if os.environ.get("MMTE_DEBUG"):
-                traceback.print_exc()
+        except Exception as e:  # noqa: BLE001 - reported to the test, then the launch ends
+            traceback.print_exc()
             results[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+            # the other ranks may wait in a collective of this run forever: record and end the whole launch
+            with open(f"{out}.error-{os.environ.get('RANK', '0')}", "w") as f:
+                json.dump({name: results[name]}, f)
+            sys.stdout.flush()
+            os._exit(1)
         if torch.distributed.is_initialized():
             torch.distributed.barrier()
-    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
-        with open(out, "w") as f:
-            json.dump(results, f, indent=1)
+        if rank0:  # written after every run, so a later failure keeps the earlier results
+            with open(out, "w") as f:
+                json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,8 @@ def launch(world: int, runs: dict[str, list[str]], tmp: Path, timeout: int) -> d
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world), "--master_port", str(29500 + os.getpid() % 1000 + world),
                script, str(out), str(spec)]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    assert proc.returncode == 0 and out.exists(), proc.stderr[-6000:]
+    errors = {k: v for f in tmp.glob(f"out{world}.json.error-*") for k, v in json.loads(f.read_text()).items()}
+    assert proc.returncode == 0 and out.exists() and not errors, f"{errors}\n{proc.stderr[-6000:]}"
     return json.loads(out.read_text())
 
 
@@ -202,3 +203,21 @@ def test_pipeline_refuses_separate_fusion_and_predict(tmp_path):
         MMTEStrategy(pp=2, dp_shard=1).preflight(cls, 2, "predict")
     with pytest.raises(ValueError, match=r"pp=2 with plain DDP \(dp_replicate=2\) is not supported"):
         MMTEStrategy(pp=2, dp_replicate=2, dp_shard=1).preflight(cls, 4)
+
+
+def test_readme_table_matches_the_matrix():
+    """The README's "what composes with what" table lists exactly the fragments, precisions and adapters
+    that ``test_fragment_precision_adapter_matrix`` trains (every cell of which must pass there)."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("<!-- composition-table")
+    lines = [ln for ln in text[start:].splitlines()[1:] if ln.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header[2:] == [*PRECISIONS, "+ LoRA"], header
+    rows = {}
+    for ln in lines[2:]:
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        rows[cells[0].split("`")[1]] = cells[1:]
+    assert sorted(rows) == sorted(PARALLEL)
+    for frag, cells in rows.items():
+        assert int(cells[0]) == _world(frag), frag
+        assert all(c == "yes" for c in cells[1:]), (frag, cells)
