@@ -441,12 +441,16 @@ class MetaTransformer(nn.Module):
                 out[name] = head(*features[head.inputs[0]])
         return out
 
-    def forward(self, *inputs: Any, batch: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def forward(self, *inputs: Any, batch: Mapping[str, Any] | None = None, boundary: bool = False) -> dict[str, Any]:
         """``model(batch)`` -> ``{head_name: output}`` for the heads whose modalities are in ``batch``.
 
-        On a pipeline stage view (``pipeline_stage`` set) this is :meth:`forward_stage`.
+        On a pipeline stage view (``pipeline_stage`` set) this is :meth:`forward_stage`; on the first
+        stage, ``boundary=True`` returns :meth:`pipeline_boundary` instead (computed inside the stage's
+        own call, so wrappers such as FSDP2 see it as that module's forward).
         """
         if self.pipeline_stage is not None:
+            if boundary:
+                return self.pipeline_boundary(batch)
             return self.forward_stage(*inputs, batch=batch)
         if batch is None:
             if len(inputs) != 1:

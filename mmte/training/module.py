@@ -603,14 +603,6 @@ class MMTEModule(LightningModule):
         inputs = {k: v for k, v in batch.items() if k in self.model.modality_names}
         return (), {"batch": inputs}, self.model.pipeline_targets(batch)
 
-    def pipeline_boundary(self, batch: Mapping[str, Any]) -> str:
-        """What the pipeline stages pass each other for ``batch`` (computed where the tokenizers are)."""
-        from torch.utils._pytree import tree_map
-
-        inputs = {k: v for k, v in batch.items() if k in self.model.modality_names}
-        one = tree_map(lambda t: t[:1] if isinstance(t, torch.Tensor) and t.dim() > 0 else t, inputs)  # the structure, cheaply
-        return self.model.pipeline_boundary(one)
-
     def set_pipeline_boundary(self, struct: str) -> None:
         self.model._pipeline_io["boundary"] = struct
 

@@ -372,7 +372,7 @@ class MMTEStrategy(ModelParallelStrategy):
                 )
                 return None
         key = (train, _shape_key((args, kwargs)))
-        self._share_boundary(key, batch)
+        self._share_boundary(key, kwargs)
         losses: list[torch.Tensor] = []
         if train:
             sched = par.schedule_for(key, m)
@@ -404,22 +404,31 @@ class MMTEStrategy(ModelParallelStrategy):
             module.log(f"{stage}_loss", loss, prog_bar=True, batch_size=_batch_size(batch))
         return loss
 
-    def _share_boundary(self, key, batch) -> None:
+    def _share_boundary(self, key, kwargs) -> None:
         """The first stage's rank tells the other pipeline ranks what the stages will pass each other
         (once per batch shape): shape inference on the later stages runs on uninitialised tensors, so the
-        structure cannot travel inside them."""
+        structure cannot travel inside them. It is computed by calling the first stage itself (on one
+        sample) so FSDP2-sharded tokenizers run inside their root's forward."""
         module = self.lightning_module
-        if not callable(getattr(module, "pipeline_boundary", None)):
+        setter = getattr(module, "set_pipeline_boundary", None)
+        if not callable(setter):
             return
         known = getattr(self, "_boundaries", None)
         if known is None:
             known = self._boundaries = {}
         if key not in known:
+            from torch.utils._pytree import tree_map
+
+            first = dict(self.parallelized.stage_modules).get(0)
+            obj = [None]
+            if first is not None:
+                one = tree_map(lambda t: t[:1] if isinstance(t, torch.Tensor) and t.dim() > 0 else t, kwargs)
+                with torch.no_grad():
+                    obj = [first(**one, boundary=True)]
             group = self.device_mesh["pp"].get_group()
-            obj = [module.pipeline_boundary(batch) if self.parallelized.has_first_stage and any(s.stage_index == 0 for s in self.parallelized.stages) else None]
             torch.distributed.broadcast_object_list(obj, src=torch.distributed.get_global_rank(group, 0), group=group)
             known[key] = obj[0]
-        module.set_pipeline_boundary(known[key])
+        setter(known[key])
 
     def training_step(self, *args: Any, **kwargs: Any):
         if self.dims.pp == 1 or self.parallelized is None:

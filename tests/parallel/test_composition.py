@@ -131,34 +131,41 @@ def _check_lora(run_dir: Path, name: str) -> None:
     assert b and all(float(v.abs().sum()) > 0 for v in b), (name, "LoRA B stayed at its zero init: the adapters did not train")
 
 
+@pytest.fixture(scope="module")
+def matrix_refs(tmp_path_factory):
+    """One process's run of every precision x adapter combination (the matrix's references)."""
+    tmp = tmp_path_factory.mktemp("matrix")
+    refs = {f"{p}-{a}": _matrix_args(tmp, f"one-{p}-{a}", p, a, 1) for p in PRECISIONS for a in ADAPTERS}
+    return launch(1, refs, tmp, 900)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-def test_fragment_precision_adapter_matrix(tmp_path):
-    refs = {f"{p}-{a}": _matrix_args(tmp_path, f"one-{p}-{a}", p, a, 1) for p in PRECISIONS for a in ADAPTERS}
-    one = launch(1, refs, tmp_path, 900)
-    by_world: dict[int, dict[str, list[str]]] = {}
+@pytest.mark.parametrize("world", sorted({_world(f) for f in PARALLEL}))
+def test_fragment_precision_adapter_matrix(world, matrix_refs, tmp_path):
+    runs: dict[str, list[str]] = {}
     combo: dict[str, str] = {}  # run name -> its single-process reference
-    for frag in PARALLEL:
+    for frag in (f for f in PARALLEL if _world(f) == world):
         for p in PRECISIONS:
             for a in ADAPTERS:
                 name = f"{frag}-{p}-{a}"
                 combo[name] = f"{p}-{a}"
-                by_world.setdefault(_world(frag), {})[name] = _matrix_args(tmp_path, name, p, a, _dp(frag)) + ["--config", str(PARALLEL[frag])]
+                runs[name] = _matrix_args(tmp_path, name, p, a, _dp(frag)) + ["--config", str(PARALLEL[frag])]
+    got = launch(world, runs, tmp_path, 2000)
     failures = []
-    for world, runs in sorted(by_world.items()):
-        got = launch(world, runs, tmp_path, 2000)
-        for name, r in got.items():
-            key = combo[name]
-            try:
-                ref = _ok(one[key], f"one-{key}")
-                _ok(r, name)
-                assert sorted(r["trainable_abs_sums"]) == sorted(ref["trainable_abs_sums"]), "trainable parameters differ from one process"
-                tol = 1e-4 if key.startswith("fp32") else 2e-3
-                assert abs(r["losses"][0] - ref["losses"][0]) <= tol, ("first loss", r["losses"][0], ref["losses"][0])
-                if key.endswith("lora"):
-                    _check_lora(tmp_path / name, name)
-            except AssertionError as e:
-                failures.append(f"{name}: {e}")
+    for name, r in got.items():
+        key = combo[name]
+        try:
+            ref = _ok(matrix_refs[key], f"one-{key}")
+            _ok(r, name)
+            assert sorted(r["trainable_abs_sums"]) == sorted(ref["trainable_abs_sums"]), "trainable parameters differ from one process"
+            tol = 1e-4 if key.startswith("fp32") else 2e-3
+            assert abs(r["losses"][0] - ref["losses"][0]) <= tol, ("first loss", r["losses"][0], ref["losses"][0])
+            if key.endswith("lora"):
+                _check_lora(tmp_path / name, name)
+        except AssertionError as e:
+            failures.append(f"{name}: {e}")
+    assert sorted(got) == sorted(runs)
     assert not failures, "\n".join(failures)
 
 
