@@ -739,7 +739,12 @@ class FolderDataModule(MMTEDataModule):
         return [pool["path"][i] for i in idx], [pool["name"][i] for i in idx], [pool["label"][i] for i in idx]
 
     def build_split(self, split: str) -> None:
-        paths, names, labels = self._rows(split)
+        if split in ("val", "test") and self.sources[split] is None and getattr(self, f"{split}_regex") is None \
+                and getattr(self, f"{split}_groups") is None and not getattr(self, f"{split}_fraction"):
+            self._why_empty[split] = f"no {split} source, {split}_regex or {split}_groups is set and {split}_fraction is {getattr(self, f'{split}_fraction')}"
+            paths, names, labels = [], [], []
+        else:
+            paths, names, labels = self._rows(split)
         index = {c: i for i, c in enumerate(self.class_names or [])}
         ids: list[int] = []
         unknown = []
@@ -1034,6 +1039,10 @@ class TableDataModule(MMTEDataModule):
     def build_split(self, split: str) -> None:
         from ..data.tabular import FILE_COL, ROW_COL, collate_tabular, describe_row
 
+        if split in ("val", "test") and self.sources[split] is None and not self.split_column and not getattr(self, f"{split}_fraction"):
+            self._why_empty[split] = f"no {split} table or split_column is set and {split}_fraction is {getattr(self, f'{split}_fraction')}"
+            self.datasets[split], self.names[split] = [], []
+            return
         if split in SPLITS and (split == "train" or self.sources[split] is None):
             full = self._frame("train")
             frame = full.iloc[self._assignment()[split]]
@@ -1085,7 +1094,10 @@ class TableDataModule(MMTEDataModule):
         else:
             ids = [f"{os.path.basename(f)}:{r}" for f, r in zip(files, rows)]
         self.names[split] = ids
-        self.row_info[split] = {"row": rows} if len(set(files)) <= 1 else {"file": files, "row": rows}
+        if len(set(files)) > 1:
+            self.row_info[split] = {"file": [os.path.basename(f) for f in files], "row": rows}
+        else:
+            self.row_info[split] = {"row": rows} if self.id_column else {}
         if split == "predict":
             self._why_empty["predict"] = f"{self.sources['predict']!r} has no row"
 
