@@ -169,8 +169,8 @@ def read_frame(source: str | os.PathLike, option: str = "path"):
             f = pd.read_csv(p, sep="\t" if p.lower().endswith(".tsv") else ",", dtype=str, keep_default_na=False, na_filter=False)
         if len(f) == 0:
             raise ValueError(f"{option} {p!r} has a header but no rows; expected at least one data row")
-        if frames and list(f.columns) != list(frames[0].columns):
-            raise ValueError(f"{option}: {p!r} has columns {list(f.columns)}; expected {list(frames[0].columns)} like {paths[0]!r}")
+        if frames and list(f.columns) != list(frames[0].columns)[:-2]:
+            raise ValueError(f"{option}: {p!r} has columns {list(f.columns)}; expected {list(frames[0].columns)[:-2]} like {paths[0]!r}")
         f[FILE_COL], f[ROW_COL] = p, np.arange(len(f))
         frames.append(f)
     return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
@@ -184,8 +184,10 @@ def describe_row(frame, i: int) -> str:
 
 
 def _missing(col, missing_values: Sequence[str]) -> np.ndarray:
+    import pandas as pd
+
     m = col.isna().to_numpy(dtype=bool)
-    if col.dtype == object or str(col.dtype).startswith("string"):
+    if col.dtype == object or pd.api.types.is_string_dtype(col.dtype):
         text = col.astype(str).str.strip()
         m = m | (text == "").to_numpy() | text.isin(list(missing_values)).to_numpy()
     return m

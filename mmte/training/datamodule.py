@@ -762,7 +762,7 @@ class FolderDataModule(MMTEDataModule):
             logger.warning("predict: %d file(s) have labels the model was not trained on (first: %s); their target is left empty", len(unknown), unknown[0])
         cols: dict[str, list[Any]] = {"path": list(paths), "name": list(names)}
         keep: tuple[str, ...] = ("index",)
-        if any(i >= 0 for i in ids) or split != "predict":
+        if split != "predict" or any(lab is not None for lab in labels):  # predict: targets only where files have labels
             cols["label"], keep = ids, ("label", "index")
         import datasets
 
