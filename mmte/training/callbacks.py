@@ -252,7 +252,7 @@ class PredictionWriter(Callback):
     def _write(self, path: str, arrays: list[str]) -> None:
         if path.endswith(".npz"):
             buf = io.BytesIO()
-            np.savez(buf, **{k: np.asarray(v) if not isinstance(v, list) else np.asarray([str(x) for x in v]) for k, v in self.table.items()})
+            np.savez(buf, **{k: _array(v) for k, v in self.table.items()})
             atomic_write(path, buf.getvalue())
             return
         if arrays and path.endswith(".csv"):
@@ -292,6 +292,12 @@ class PredictionWriter(Callback):
                 err = np.asarray(v, np.float64) - np.asarray(self.table[k[:-5] + "target"], np.float64)
                 if np.isfinite(err).any():
                     print(f"  vs. target: MSE {np.nanmean(err ** 2):.4f}, MAE {np.nanmean(np.abs(err)):.4f} (over known values)")
+
+
+def _array(v: Any) -> np.ndarray:
+    """A column as a NumPy array without pickled objects: numbers stay numbers, anything else is text."""
+    a = np.asarray(v)
+    return a.astype(str) if a.dtype == object else a
 
 
 def _plain(v: Any) -> Any:

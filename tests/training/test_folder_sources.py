@@ -176,7 +176,7 @@ def test_random_crop_in_training_draws_windows_of_the_clip(wavs):
     offs = set()
     for _ in range(20):
         w = crop_frames(full, 40, "random", g)
-        match = [o for o in range(0, 148 - 40 + 1) if torch.equal(full[o : o + 40], w)]
+        match = [o for o in range(148 - 40 + 1) if torch.equal(full[o : o + 40], w)]
         assert len(match) == 1
         offs.add(match[0])
     assert len(offs) > 5
