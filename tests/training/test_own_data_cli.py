@@ -166,3 +166,24 @@ def test_forecast_train_then_test_and_predict_on_another_file(tmp_path, capsys, 
     assert msg == (f"mmte: error: the 'test' split is empty ('{short}' rows 0-99 hold no window of input_len + horizon = 192 rows); "
                    "pass --data.init_args.test <file>, or set split / fractions / borders to cut it from the training series")
     assert os.path.isfile(ckpt)
+
+
+@pytest.mark.parametrize("name", ["FolderDataModule", "TableDataModule", "ForecastDataModule", "ArrayDataModule", "PairedDataModule"])
+def test_every_data_option_has_a_description_in_help(name, capsys):
+    """`mmte fit --data.help <DataModule>` gives every option a one-line description (from the docstrings)."""
+    import re
+
+    with pytest.raises(SystemExit):
+        main(["fit", "--data.help", name])
+    text = capsys.readouterr().out
+    entries = re.split(r"\n(?=  --data\.)", text[text.index("\n  --data.") :])
+    described = {}
+    for e in filter(str.strip, entries):
+        m = re.match(r"\s*(--data\.\w+)(?: [A-Z_]+| \{[^}]*\})?(?:, --data\.\w+\+ [A-Z_]+)?(.*)", e, re.S)
+        assert m, e
+        described[m.group(1)] = " ".join(m.group(2).split()).split("(type:")[0].strip()
+    assert len(described) >= 10
+    missing = [k for k, v in described.items() if not v]
+    assert not missing, f"{name}: options without a description: {missing}"
+    if name == "FolderDataModule":
+        assert described["--data.test"].startswith("test files (folder, file or glob) for mmte test")
