@@ -375,6 +375,10 @@ class MMTEDataModule(LightningDataModule):
         """The per-modality collate functions of ``split`` (training may crop differently)."""
         return self.collates
 
+    def _collate(self, samples: list[Mapping[str, Any]], split: str = "val") -> dict[str, Any]:
+        """Collate items of ``split`` into a batch (what the loaders do; evaluation cropping by default)."""
+        return collate_batch(samples, self.collates_for(split))
+
     def _loader(self, split: str, train: bool) -> DataLoader:
         ds = self._ensure(split)
         if ds is None or len(ds) == 0:
