@@ -365,8 +365,12 @@ class MMTEDataModule(LightningDataModule):
         return f", or set {split}_fraction to hold part of the training data out"
 
     def _replicas(self) -> tuple[int, int]:
-        trainer = getattr(self, "trainer", None)
-        kw = getattr(trainer, "distributed_sampler_kwargs", None) if trainer is not None else None
+        """``(data-parallel ranks, this rank)`` from ``trainer.strategy.distributed_sampler_kwargs`` (1, 0 without one)."""
+        strategy = getattr(getattr(self, "trainer", None), "strategy", None)
+        try:
+            kw = getattr(strategy, "distributed_sampler_kwargs", None)
+        except (AssertionError, AttributeError, RuntimeError):  # a parallel strategy not set up yet (no mesh)
+            kw = None
         if not kw:
             return 1, 0
         return int(kw.get("num_replicas", 1) or 1), int(kw.get("rank", 0) or 0)
