@@ -376,7 +376,7 @@ class MMTEDataModule(LightningDataModule):
         return int(kw.get("num_replicas", 1) or 1), int(kw.get("rank", 0) or 0)
 
     def collates_for(self, split: str) -> dict[str, Callable]:
-        """The per-modality collate functions of ``split`` (training may crop differently)."""
+        """The per-modality collate functions of ``split`` (``train`` may crop randomly; any other name: evaluation)."""
         return self.collates
 
     def _collate(self, samples: list[Mapping[str, Any]], split: str = "val") -> dict[str, Any]:
@@ -387,10 +387,9 @@ class MMTEDataModule(LightningDataModule):
         ds = self._ensure(split)
         if ds is None or len(ds) == 0:
             raise ValueError(self.empty_message(split))
-        name = self.prediction_split if split == "predict" else split
         replicas, rank = self._replicas()
         kw: dict[str, Any] = {
-            "collate_fn": partial(collate_batch, collates=self.collates_for(name)),
+            "collate_fn": partial(collate_batch, collates=self.collates_for("train" if train else "eval")),  # eval: no random crops
             "num_workers": self.num_workers,
             "persistent_workers": self.num_workers > 0,
         }
@@ -1371,8 +1370,11 @@ class PairedDataModule(MMTEDataModule):
         na, nb = self.first.names.get(split, []), self.second.names.get(split, [])
         self.names[split] = [f"{na[i] if na else i}|{nb[j] if nb else j}" for i, j in pairs]
 
-    def _carve_hint(self, split: str) -> str:
-        return f" to first/second, or set their {split} patterns/fractions"
+    def empty_message(self, split: str) -> str:
+        name = self.predict_split if split == "predict" else split
+        why = self._why_empty.get(name, "it has no items")
+        return (f"the {name!r} split is empty ({why}); set it on the paired DataModules, e.g. "
+                f"--data.init_args.first.init_args.{name}_regex or their {name}_fraction")
 
 
 def _labels(ds) -> list[int]:
