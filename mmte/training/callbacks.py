@@ -1,4 +1,4 @@
-"""Callbacks: atomic checkpoints that pick their own monitor, and a prediction writer (CSV / Parquet / JSON / npz).
+"""Callbacks: atomic checkpoints that pick their own monitor, and a prediction writer (CSV / JSON).
 
 * :class:`MMTECheckpoint` is Lightning's ``ModelCheckpoint`` with two changes: ``monitor="auto"``
   takes the LightningModule's ``primary_metric`` (``val_acc`` for a classifier, ``val_mse`` for a
@@ -40,9 +40,6 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
     try:
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; give the file the permissions open() would
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
