@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 # cell texts that mean "missing" (besides empty cells and NaN)
 DEFAULT_MISSING = ("NA", "N/A", "NaN", "nan", "null", "NULL", "None")
 FILE_COL, ROW_COL = "__mmte_file", "__mmte_row"  # where each row came from (for ids and messages)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _is_missing(v: Any) -> bool:
@@ -203,9 +204,26 @@ def _numbers(col, missing: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         vals = col.to_numpy(dtype=np.float64, na_value=np.nan)
     else:
         vals = pd.to_numeric(col.where(~missing, None).astype(object).map(lambda v: v.strip() if isinstance(v, str) else v), errors="coerce").to_numpy(dtype=np.float64)
-    bad = ~missing & ~np.isfinite(vals)
+    with np.errstate(invalid="ignore"):
+        bad = ~missing & (~np.isfinite(vals) | (np.abs(vals) > FLOAT32_MAX))  # beyond float32: it would become inf
     vals = np.where(missing | bad, np.nan, vals)
     return vals, bad
+
+
+def _cell(v: Any) -> str:
+    """A cell for messages: text quoted, numbers plain (``'12,5'``, ``inf``)."""
+    if isinstance(v, np.generic):
+        v = v.item()
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+def _not_finite(cell: Any) -> str:
+    """Why a numeric cell was refused, for messages."""
+    try:
+        x = float(str(cell).strip())
+    except ValueError:
+        return "is not a finite number"
+    return "is beyond float32's range (|x| <= 3.4e38)" if math.isfinite(x) else "is not a finite number"
 
 
 def category_key(v: Any) -> str:
@@ -303,7 +321,7 @@ class TableSchema:
                     if self.bad_value == "error":
                         i = int(np.flatnonzero(bad)[0])
                         raise ValueError(
-                            f"{describe_row(frame, i)}, column {c!r}: {frame[c].iloc[i]!r} is not a number, but {n_present - n_bad} of {n_present} "
+                            f"{describe_row(frame, i)}, column {c!r}: {_cell(frame[c].iloc[i])} is not a number, but {n_present - n_bad} of {n_present} "
                             f"training values are; fix the value, list {c!r} under categorical, or set bad_value: missing"
                         )
                     numeric.append(c)
@@ -318,7 +336,7 @@ class TableSchema:
             vals, bad = _numbers(frame[c], miss)
             if bad.any() and self.bad_value == "error":
                 i = int(np.flatnonzero(bad)[0])
-                raise ValueError(f"{describe_row(frame, i)}, column {c!r}: {frame[c].iloc[i]!r} is not a finite number; fix it or set bad_value: missing")
+                raise ValueError(f"{describe_row(frame, i)}, column {c!r}: {_cell(frame[c].iloc[i])} {_not_finite(frame[c].iloc[i])}; fix it or set bad_value: missing")
             present = vals[~np.isnan(vals)]
             if present.size == 0:
                 logger.warning("column %r has no value in the training split; every row encodes it as missing", c)
@@ -367,7 +385,7 @@ class TableSchema:
                 i = int(np.flatnonzero(bad)[0])
                 if self.bad_value == "error":
                     raise ValueError(
-                        f"{split} {describe_row(frame, i)}, column {c!r}: {frame[c].iloc[i]!r} is not a finite number (the column is numeric); "
+                        f"{split} {describe_row(frame, i)}, column {c!r}: {_cell(frame[c].iloc[i])} {_not_finite(frame[c].iloc[i])} (the column is numeric); "
                         f"fix it or set bad_value: missing"
                     )
                 logger.warning("%s: %d value(s) of numeric column %r are not numbers and are treated as missing (first: %s)", split, int(bad.sum()), c, describe_row(frame, i))

@@ -93,11 +93,15 @@ def read_series(
             raise ValueError(f"columns {missing} are not in {p}; it has {list(df.columns)}")
         df = df[list(columns)]
     vals = df.apply(pd.to_numeric, errors="coerce").to_numpy(dtype=np.float64)
-    bad = ~np.isfinite(vals)
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(vals) | (np.abs(vals) > np.finfo(np.float32).max)  # beyond float32: it would become inf
     if bad.any():
         r, c = map(int, np.argwhere(bad)[0])
+        why = "is beyond float32's range (|x| <= 3.4e38)" if np.isfinite(vals[r, c]) else "is not a finite number"
+        raw = df.iloc[r, c]
+        cell = repr(raw) if isinstance(raw, str) else f"{vals[r, c]:g}"
         raise ValueError(
-            f"{option} {p!r} row {r} (line {r + 2}), column {df.columns[c]!r}: {df.iloc[r, c]!r} is not a finite number; "
+            f"{option} {p!r} row {r} (line {r + 2}), column {df.columns[c]!r}: {cell} {why}; "
             f"fill or drop such rows ({int(bad.sum())} cell(s) in all)"
         )
     return vals.astype(np.float32), [str(c) for c in df.columns], stamps

@@ -939,7 +939,7 @@ class TableDataModule(MMTEDataModule):
 
     def _labels(self, frame, split: str) -> tuple[np.ndarray | None, np.ndarray]:
         """``(label strings or floats [N] or None when the column is absent, keep mask [N])``."""
-        from ..data.tabular import _missing, _numbers, category_key, describe_row
+        from ..data.tabular import _cell, _missing, _numbers, category_key, describe_row
 
         if self.label_column not in frame.columns:
             if split != "predict":
@@ -961,7 +961,7 @@ class TableDataModule(MMTEDataModule):
             vals, bad = _numbers(col, miss)
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
-                raise ValueError(f"{split} {describe_row(frame, i)}, column {self.label_column!r}: {col.iloc[i]!r} is not a number; a regression target must be one")
+                raise ValueError(f"{split} {describe_row(frame, i)}, column {self.label_column!r}: {_cell(col.iloc[i])} is not a number; a regression target must be one")
             return vals, keep
         return np.array([None if m else category_key(v) for v, m in zip(col.tolist(), miss)], dtype=object), keep
 

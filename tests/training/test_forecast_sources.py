@@ -122,3 +122,21 @@ def test_short_file_and_horizon_mismatch_are_named(tmp_path):
     dm = ForecastDataModule(str(q), input_len=24, horizon=12)
     with pytest.raises(ValueError, match=r"^the checkpoint's model was trained with horizon 12; this run has 24; drop the override"):
         ForecastDataModule(str(q), input_len=24, horizon=24).load_state_dict(dm.state_dict())
+
+
+def test_non_finite_and_huge_values_are_named_by_row_and_column(tmp_path):
+    df = _frame(300, "h", columns=("a", "b"))
+    df.loc[123, "b"] = np.nan
+    p = tmp_path / "gap.csv"
+    df.to_csv(p, index=False)
+    with pytest.raises(ValueError) as e:
+        ForecastDataModule(str(p), input_len=24, horizon=12)
+    assert str(e.value) == f"path '{p}' row 123 (line 125), column 'b': nan is not a finite number; fill or drop such rows (1 cell(s) in all)"
+    df.loc[123, "b"] = 1e300
+    df.to_csv(p, index=False)
+    with pytest.raises(ValueError, match=r"row 123 \(line 125\), column 'b': 1e\+300 is beyond float32's range"):
+        ForecastDataModule(str(p), input_len=24, horizon=12)
+    df.loc[123, "b"] = "n/a"
+    df.to_csv(p, index=False)
+    with pytest.raises(ValueError, match=r"row 123 \(line 125\), column 'b': 'n/a' is not a finite number; fill or drop such rows"):
+        ForecastDataModule(str(p), input_len=24, horizon=12)

@@ -165,3 +165,17 @@ def test_read_frame_glob_and_header_only(tmp_path):
     dm = TableDataModule(str(tmp_path / "part0.csv"), label_column="y", val_fraction=0.0, test=str(tmp_path / "part*.csv"))
     dm.setup("test")
     assert dm.row_names("test") == ["part0.csv:0", "part0.csv:1", "part1.csv:0", "part1.csv:1"]
+
+
+def test_huge_and_infinite_numbers_are_named(tmp_path):
+    train = pd.DataFrame({"x": np.arange(20.0), "y": ["a", "b"] * 10})
+    test = pd.DataFrame({"x": [1.0, 1e300, 2.0], "y": ["a", "b", "a"]})
+    dm = TableDataModule(_csv(tmp_path, "train.csv", train), label_column="y", val_fraction=0.0, test=_csv(tmp_path, "test.csv", test))
+    with pytest.raises(ValueError) as e:
+        dm.test_dataloader()
+    assert str(e.value) == ("test test.csv row 1 (line 3), column 'x': '1e+300' is beyond float32's range (|x| <= 3.4e38) (the column is numeric); "
+                            "fix it or set bad_value: missing")
+    pq = tmp_path / "inf.parquet"
+    pd.DataFrame({"x": [1.0, 2.0, np.inf, 4.0], "y": ["a", "b", "a", "b"]}).to_parquet(pq)
+    with pytest.raises(ValueError, match=r"^inf\.parquet row 2, column 'x': inf is not a finite number; fix it or set bad_value: missing$"):
+        TableDataModule(str(pq), label_column="y", numeric=["x"], val_fraction=0.0)
