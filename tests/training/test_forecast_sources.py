@@ -136,6 +136,7 @@ def test_non_finite_and_huge_values_are_named_by_row_and_column(tmp_path):
     df.to_csv(p, index=False)
     with pytest.raises(ValueError, match=r"row 123 \(line 125\), column 'b': 1e\+300 is beyond float32's range"):
         ForecastDataModule(str(p), input_len=24, horizon=12)
+    df["b"] = df["b"].astype(object)
     df.loc[123, "b"] = "n/a"
     df.to_csv(p, index=False)
     with pytest.raises(ValueError, match=r"row 123 \(line 125\), column 'b': 'n/a' is not a finite number; fill or drop such rows"):
