@@ -77,7 +77,7 @@ def read_series(
     p = os.fspath(path)
     if not os.path.isfile(p):
         raise FileNotFoundError(f"{option}: time-series CSV {p!r} not found; expected a CSV file with a {time_column!r} column and numeric columns")
-    df = pd.read_csv(p)
+    df = pd.read_csv(p, keep_default_na=False)  # cells such as "n/a" stay text, so a message can show them
     if len(df) == 0:
         raise ValueError(f"{option} {p!r} has a header but no rows; expected one row per time step")
     stamps = None
@@ -97,11 +97,15 @@ def read_series(
         bad = ~np.isfinite(vals) | (np.abs(vals) > np.finfo(np.float32).max)  # beyond float32: it would become inf
     if bad.any():
         r, c = map(int, np.argwhere(bad)[0])
-        why = "is beyond float32's range (|x| <= 3.4e38)" if np.isfinite(vals[r, c]) else "is not a finite number"
         raw = df.iloc[r, c]
-        cell = repr(raw) if isinstance(raw, str) else f"{vals[r, c]:g}"
+        if isinstance(raw, str) and not raw.strip():
+            desc = "the cell is empty"
+        elif np.isfinite(vals[r, c]):
+            desc = f"{vals[r, c]:g} is beyond float32's range (|x| <= 3.4e38)"
+        else:
+            desc = f"{raw!r} is not a finite number" if isinstance(raw, str) else f"{vals[r, c]:g} is not a finite number"
         raise ValueError(
-            f"{option} {p!r} row {r} (line {r + 2}), column {df.columns[c]!r}: {cell} {why}; "
+            f"{option} {p!r} row {r} (line {r + 2}), column {df.columns[c]!r}: {desc}; "
             f"fill or drop such rows ({int(bad.sum())} cell(s) in all)"
         )
     return vals.astype(np.float32), [str(c) for c in df.columns], stamps

@@ -131,7 +131,7 @@ def test_non_finite_and_huge_values_are_named_by_row_and_column(tmp_path):
     df.to_csv(p, index=False)
     with pytest.raises(ValueError) as e:
         ForecastDataModule(str(p), input_len=24, horizon=12)
-    assert str(e.value) == f"path '{p}' row 123 (line 125), column 'b': nan is not a finite number; fill or drop such rows (1 cell(s) in all)"
+    assert str(e.value) == f"path '{p}' row 123 (line 125), column 'b': the cell is empty; fill or drop such rows (1 cell(s) in all)"
     df.loc[123, "b"] = 1e300
     df.to_csv(p, index=False)
     with pytest.raises(ValueError, match=r"row 123 \(line 125\), column 'b': 1e\+300 is beyond float32's range"):
