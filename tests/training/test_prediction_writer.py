@@ -160,3 +160,54 @@ def test_writer_gathers_two_ddp_ranks_into_one_ordered_file(tmp_path):
     assert two["id"].tolist() == list(range(23))  # every row once, in input order
     assert two[["id", "pred", "target"]].equals(one[["id", "pred", "target"]])
     np.testing.assert_allclose(two["prob"].to_numpy(), one["prob"].to_numpy(), rtol=0, atol=2e-6)
+
+
+DDP_FIT_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, torch
+    from lightning.pytorch import Callback, Trainer
+    from mmte.training.datamodule import TableDataModule
+    from mmte.training.module import MMTEModule
+
+    src, out, devices, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+
+    class Record(Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.seen.append([trainer.current_epoch, batch_idx, batch["index"].tolist()])
+
+        def on_train_end(self, trainer, pl_module):
+            with open(f"{out}.{trainer.global_rank}.json", "w") as f:
+                json.dump(self.seen, f)
+
+    dm = TableDataModule(src, label_column="y", val_fraction=0.0, batch_size=batch, seed=3)
+    m = MMTEModule({"tabular": {"name": "tabular"}}, "tiny", {"y": {"name": "classification", "pool": "cls"}}, freeze="none", data_info=dm.model_info)
+    kw = dict(strategy="ddp") if devices > 1 else {}
+    trainer = Trainer(accelerator="cpu", devices=devices, max_epochs=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False, limit_val_batches=0, callbacks=[Record()], **kw)
+    trainer.fit(m, datamodule=dm)
+    """
+)
+
+
+@pytest.mark.slow
+def test_ddp_training_batches_are_one_process_batches(tmp_path):
+    """Lightning keeps the DataModule's own sharded sampler under DDP (it is a DistributedSampler): with a
+    per-rank batch of 4 on 2 ranks, step k's two batches together are one process's batch k of 8, every epoch."""
+    src = _table(tmp_path, n=40)
+    script = tmp_path / "ddp_fit.py"
+    script.write_text(DDP_FIT_SCRIPT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    for devices, batch in ((1, 8), (2, 4)):
+        r = subprocess.run([sys.executable, str(script), src, str(tmp_path / f"seen{devices}"), str(devices), str(batch)], env=env, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=600, check=False)
+        assert r.returncode == 0, r.stderr[-3000:]
+    one = json.loads((tmp_path / "seen1.0.json").read_text())
+    ranks = [json.loads((tmp_path / f"seen2.{r}.json").read_text()) for r in range(2)]
+    assert len(one) == len(ranks[0]) == len(ranks[1]) == 10  # 2 epochs x 5 steps
+    for (e, k, ids), a, b in zip(one, *ranks):
+        assert a[:2] == b[:2] == [e, k]
+        assert sorted(a[2] + b[2]) == sorted(ids), (e, k)
+    assert one[0][2] != one[5][2]  # epochs are reshuffled
