@@ -10,6 +10,9 @@
     mmte fit      --config recipes/quickstart.yaml --print_config            # the merged configuration
     mmte modalities                                                          # registered modalities
     mmte convert  --from hf /path/to/bert --out bert.safetensors             # weights -> mmte file
+    mmte export   --config recipes/quickstart.yaml --ckpt_path last.ckpt --format onnx --out model.onnx
+    mmte env                                                                 # versions, device, CPU flags
+    mmte fit      --config recipes/quickstart.yaml --precision auto          # bf16 where the CPU has it
 
 Defaults the recipes build on: a progress bar, a CSV logger in ``<default_root_dir>/logs/version_N``
 (config.yaml beside it), :class:`~mmte.training.callbacks.MMTECheckpoint` writing
@@ -28,11 +31,11 @@ import shutil
 import sys
 from typing import Any
 
-__all__ = ["MMTECLI", "convert_main", "main", "modalities_main", "modalities_table"]  # noqa: F822 (MMTECLI: lazy)
+__all__ = ["MMTECLI", "convert_main", "env_main", "env_report", "export_main", "main", "modalities_main", "modalities_table"]  # noqa: F822
 
 logger = logging.getLogger("mmte")
 
-_OVERVIEW = """usage: mmte {fit,validate,test,predict,modalities,convert} ...
+_OVERVIEW = """usage: mmte {fit,validate,test,predict,modalities,convert,export,env} ... | mmte --version
 
 Fine-tune Meta-Transformer-style multimodal models from recipe files.
 
@@ -45,6 +48,8 @@ commands:
   predict      write predictions of a checkpoint to CSV/JSON (--ckpt_path, --prediction_writer.output)
   modalities   list the registered modalities, their tokenizers and default heads
   convert      turn timm / Hugging Face / Meta-Transformer weights into an mmte .safetensors file
+  export       write a checkpoint's model as ONNX or a torch.export program, checked against eager
+  env          versions (mmte, torch, lightning, timm, onnxruntime), device, CPU flags, threads
 
 `mmte <command> --help` explains a command's options; `--print_config` shows a merged recipe.
 """
@@ -72,6 +77,13 @@ def _cli_class():
             parser.add_lightning_class_args(MMTECheckpoint, "checkpoint")
             parser.add_lightning_class_args(PredictionWriter, "prediction_writer")
             parser.link_arguments("data.model_info", "model.data_info", apply_on="instantiate")
+            parser.add_argument(
+                "--precision",
+                type=str | None,
+                default=None,
+                help="auto: bf16-mixed where the CPU (avx512_bf16/AMX) or GPU has native bf16, else 32-true; "
+                "any other value is passed to trainer.precision",
+            )
 
         def _section(self):
             return self.config.get(self.subcommand) if self.subcommand else self.config
@@ -93,6 +105,7 @@ def _cli_class():
             init = c.data.get("init_args") if c.get("data") is not None and hasattr(c.data, "get") else None
             if ckpt and init is not None and "state_from" in init and init.state_from is None:
                 init.state_from = ckpt
+            _resolve_precision(c)
 
         def _run_subcommand(self, subcommand: str) -> None:
             log_dir = self.trainer.log_dir
@@ -101,6 +114,9 @@ def _cli_class():
             ckpt_dir = self.config_init[subcommand].checkpoint.dirpath if subcommand in self.config_init else None
             before = set(os.listdir(ckpt_dir)) if ckpt_dir and os.path.isdir(ckpt_dir) else set()
             try:
+                strategy = self.trainer.strategy
+                if callable(getattr(strategy, "preflight", None)):  # refuse what cannot work before any process starts
+                    strategy.preflight(self.model, self.trainer.num_nodes * self.trainer.num_devices, subcommand)
                 super()._run_subcommand(subcommand)
             except BaseException:
                 # nothing half-written: folders this run created go, unless a checkpoint was saved
@@ -118,6 +134,37 @@ def __getattr__(name: str):
     if name == "MMTECLI":
         return _cli_class()
     raise AttributeError(name)
+
+
+def _resolve_precision(c: Any) -> None:
+    """Map the top-level ``precision`` (``auto`` or a Lightning value) onto ``trainer.precision`` and log
+    the run header: CPU, the flags that matter, threads, and the precision chosen (and why)."""
+    from . import device as mdev
+
+    want = c.get("precision")
+    plugins = c.trainer.get("plugins") or []
+    plugins = plugins if isinstance(plugins, list) else [plugins]
+    owner = next((p for p in plugins if "precision" in str(getattr(p, "class_path", p)).lower()), None)
+    if owner is not None and want is not None:
+        # a precision plugin (e.g. configs/precision/fp8-*.yaml) decides; 'precision' would clash with it
+        logger.info("precision %s: %s decides (from trainer.plugins)", want, getattr(owner, "class_path", owner))
+        want = None
+    accel = str(c.trainer.accelerator or "auto")
+    dev = "cpu" if accel == "cpu" or not any(mdev.is_available(t) for t in ("cuda", "musa")) else mdev.default_device().type
+    why = "trainer.precision"
+    if want is not None:
+        if want == "auto":
+            prec, reason = mdev.choose_precision(dev)
+            why = f"auto: {reason}"
+        else:
+            prec, why = want, "precision"
+        c.trainer.precision = prec
+    header = mdev.describe() if dev == "cpu" else f"device {mdev.info(dev).name}"
+    if owner is not None:
+        prec, why = str(getattr(owner, "class_path", owner)).rsplit(".", 1)[-1], "trainer.plugins"
+    else:
+        prec = c.trainer.precision or "32-true"
+    logger.info("%s, precision %s (%s)", header, prec, why)
 
 
 # ------------------------------------------------------------------------------------ modalities
@@ -205,6 +252,61 @@ def convert_main(argv: list[str]) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------------- env
+def env_report() -> list[tuple[str, str]]:
+    """``(name, value)`` rows: package versions, device, CPU model/capability/flags, cores, threads,
+    the precision ``auto`` picks here."""
+    import importlib.metadata as md
+
+    import torch
+
+    from . import __version__
+    from . import device as mdev
+
+    rows = [("mmte", __version__), ("torch", torch.__version__)]
+    for pkg in ("lightning", "timm", "transformers", "onnx", "onnxruntime", "onnxscript"):
+        try:
+            rows.append((pkg, md.version(pkg)))
+        except md.PackageNotFoundError:
+            rows.append((pkg, "not installed"))
+    c = mdev.cpu_info()
+    dev = mdev.default_device().type
+    rows += [
+        ("python", sys.version.split()[0]),
+        ("device", dev if dev == "cpu" else f"{dev} ({mdev.info(dev).name})"),
+        ("cpu", c.model),
+        ("cpu capability", f"{c.capability} (best matrix ISA: {c.isa})"),
+        ("cpu flags", ", ".join(c.flags) or "none of note"),
+        ("cores", f"{c.physical_cores} physical, {c.logical_cores} logical (this process's affinity)"),
+        ("torch threads", str(torch.get_num_threads())),
+        ("precision auto", "{} ({})".format(*mdev.choose_precision(dev))),
+    ]
+    return rows
+
+
+def env_main(argv: list[str]) -> int:
+    """``mmte env``: print the environment report (``--json`` for a JSON object)."""
+    p = argparse.ArgumentParser(prog="mmte env", description="Versions, device, CPU flags and threads, for bug reports and benchmark tables.")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    a = p.parse_args(argv)
+    rows = env_report()
+    if a.json:
+        import json
+
+        print(json.dumps(dict(rows)))
+    else:
+        w = max(len(k) for k, _ in rows)
+        print("\n".join(f"{k.ljust(w)}  {v}" for k, v in rows))
+    return 0
+
+
+def export_main(argv: list[str]) -> int:
+    """``mmte export``: see :func:`mmte.export.export_main`."""
+    from .export import export_main as run
+
+    return run(argv)
+
+
 # ------------------------------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``mmte`` console script and ``python -m mmte``."""
@@ -221,11 +323,18 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_OVERVIEW)
         return 0
+    if argv[0] in ("--version", "-V"):
+        from . import __version__
+
+        print(f"mmte {__version__}")
+        return 0
     try:
         if argv[0] == "modalities":
             return modalities_main(argv[1:])
         if argv[0] == "convert":
             return convert_main(argv[1:])
+        if argv[0] in ("env", "export"):
+            return {"env": env_main, "export": export_main}[argv[0]](argv[1:])
         _cli_class()(args=None if from_sys else argv)
         return 0
     except (ValueError, TypeError, KeyError, FileNotFoundError, NotADirectoryError, ImportError) as e:

@@ -42,12 +42,16 @@ __all__ = [
     "SCHEDULES",
     "bubble_fraction",
     "build_schedule",
+    "forward_only",
     "layer_costs",
     "make_stage_module",
+    "microbatches_for",
+    "schedule_accepts",
     "partition",
     "pipeline_split",
     "stage_fqns",
     "stage_ids",
+    "stage_owners",
     "stages_per_rank",
 ]
 
@@ -274,6 +278,9 @@ def pipeline_split(
     mine = [f for i in ids for f in all_fqns[i]]
     local = make_stage_module(model, mine)
     stages = [(i, make_stage_module(local, all_fqns[i])) for i in ids]
+    for i, view in stages:
+        if hasattr(view, "pipeline_stage"):  # models with a stage-aware forward (MetaTransformer)
+            view.pipeline_stage = i
     logger.info(
         "pipeline split into %d stages (%s, balance=%s); rank %d holds stages %s: %s",
         num_stages,
@@ -284,6 +291,69 @@ def pipeline_split(
         [all_fqns[i] for i in ids],
     )
     return local, stages, num_stages
+
+
+def stage_owners(schedule: str, pp_size: int, virtual_stages: int = 2) -> dict[int, int]:
+    """``{stage index: pp rank}`` for every stage of the pipeline."""
+    return {i: r for r in range(pp_size) for i in stage_ids(schedule, r, pp_size, virtual_stages)}
+
+
+@torch.no_grad()
+def forward_only(stage_modules: Sequence[tuple[int, nn.Module]], owners: dict[int, int], pp_group, *args, **kwargs):
+    """Run the whole batch forward through the stages in order, without microbatches or a schedule
+    (evaluation): each rank runs the stages it holds and sends the result to the next stage's rank as
+    an object (``send_object_list``). Works for every placement (looped or V-shaped) and any batch size.
+
+    Args:
+        stage_modules: ``(stage_index, module)`` this rank holds.
+        owners: ``{stage index: pp rank}`` (:func:`stage_owners`).
+        pp_group: the pipeline process group.
+        *args, **kwargs: the first stage's inputs (used where stage 0 lives).
+
+    Returns:
+        the last stage's output on the rank holding it, else None.
+    """
+    import torch.distributed as dist
+
+    mine = dict(stage_modules)
+    me = dist.get_rank(pp_group)
+    out = None
+    for s in range(len(owners)):
+        if owners[s] != me:
+            continue
+        if s == 0:
+            out = mine[s](*args, **kwargs)
+        else:
+            if owners[s - 1] != me:
+                box = [None]
+                dist.recv_object_list(box, src=dist.get_global_rank(pp_group, owners[s - 1]), group=pp_group)
+                out = box[0]
+            out = mine[s](*(out if isinstance(out, (tuple, list)) else (out,)))
+        if s + 1 < len(owners) and owners[s + 1] != me:
+            dist.send_object_list([out], dst=dist.get_global_rank(pp_group, owners[s + 1]), group=pp_group)
+    return out if owners[len(owners) - 1] == me else None
+
+
+def schedule_accepts(schedule: str, microbatches: int, pp_size: int, num_stages: int) -> bool:
+    """Whether ``schedule`` runs with ``microbatches`` microbatches (torch's own constraints)."""
+    key = _check_schedule(schedule)
+    if microbatches < 1:
+        return False
+    if key == "1f1b" or key in _V_STYLE:
+        return microbatches >= num_stages
+    if key in ("interleaved_1f1b", "interleaved_zb", "looped_bfs"):
+        return microbatches % pp_size == 0
+    return True
+
+
+def microbatches_for(batch_size: int, schedule: str, microbatches: int, pp_size: int, num_stages: int) -> int | None:
+    """How many microbatches a training batch of ``batch_size`` samples is split into: the largest count
+    not above ``microbatches`` that divides the batch evenly (pipeline stages fix their tensor shapes, so
+    every microbatch has the same size) and that the schedule accepts; None when there is none."""
+    for m in range(min(microbatches, batch_size), 0, -1):
+        if batch_size % m == 0 and schedule_accepts(schedule, m, pp_size, num_stages):
+            return m
+    return None
 
 
 def build_schedule(

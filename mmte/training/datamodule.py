@@ -367,8 +367,8 @@ class MMTEDataModule(LightningDataModule):
     def _replicas(self) -> tuple[int, int]:
         """``(data-parallel ranks, this rank)`` from ``trainer.strategy.distributed_sampler_kwargs`` (1, 0 without one)."""
         strategy = getattr(getattr(self, "trainer", None), "strategy", None)
-        try:
-            kw = getattr(strategy, "distributed_sampler_kwargs", None)
+        try:  # tensor- and pipeline-parallel ranks of one data-parallel replica read the same data
+            kw = getattr(strategy, "distributed_sampler_kwargs", None) if getattr(strategy, "world_size", 1) > 1 else None
         except (AssertionError, AttributeError, RuntimeError):  # a parallel strategy not set up yet (no mesh)
             kw = None
         if not kw:

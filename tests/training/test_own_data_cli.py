@@ -41,7 +41,7 @@ def _metric(root: Path, name: str) -> float:
 
 
 def _latest(root: Path, name: str) -> Path:
-    return sorted(root.glob(f"logs/version_*/{name}"), key=lambda p: int(p.parent.name.split("_")[1]))[-1]
+    return max(root.glob(f"logs/version_*/{name}"), key=lambda p: int(p.parent.name.split("_")[1]))
 
 
 def _error(capsys, args) -> str:
@@ -76,7 +76,8 @@ def test_audio_folder_train_then_test_and_predict_on_another_folder(tmp_path, ca
     capsys.readouterr()
     assert main(["predict", *recipe, "--ckpt_path", str(ckpt), "--data.init_args.data_dir", str(tmp_path / "gone"),
                  "--data.init_args.predict", str(other), "--prediction_writer.print_rows", "0", *FAST]) == 0
-    rows = list(csv.DictReader(open(_latest(root, "predictions.csv"))))
+    with open(_latest(root, "predictions.csv")) as fh:
+        rows = list(csv.DictReader(fh))
     assert [r["id"] for r in rows] == sorted(p.name for p in other.iterdir())  # each file once, in order
     assert [r["path"] for r in rows] == [str(other / r["id"]) for r in rows]
     assert [r["target"] for r in rows] == [r["id"][0] for r in rows]
@@ -179,7 +180,7 @@ def test_every_data_option_has_a_description_in_help(name, capsys):
     entries = re.split(r"\n(?=  --data\.)", text[text.index("\n  --data.") :])
     described = {}
     for e in filter(str.strip, entries):
-        m = re.match(r"\s*(--data\.\w+)(?: [A-Z_]+| \{[^}]*\})?(?:, --data\.\w+\+ [A-Z_]+)?(.*)", e, re.S)
+        m = re.match(r"\s*(--data\.\w+)(?: [A-Z_]+| \{[^}]*\})?(?:, --data\.\w+\+ [A-Z_]+)?(.*)", e, re.DOTALL)
         assert m, e
         described[m.group(1)] = " ".join(m.group(2).split()).split("(type:")[0].strip()
     assert len(described) >= 10

@@ -55,7 +55,7 @@ def _table(tmp_path, n=23) -> str:
 
 def test_datamodule_shards_by_the_strategy_ranks(tmp_path):
     dm = TableDataModule(_table(tmp_path), label_column="y", val_fraction=0.0, predict=_table(tmp_path), batch_size=4, eval_batch_size=5)
-    dm.trainer = SimpleNamespace(strategy=SimpleNamespace(distributed_sampler_kwargs={"num_replicas": 2, "rank": 1}))
+    dm.trainer = SimpleNamespace(strategy=SimpleNamespace(world_size=2, distributed_sampler_kwargs={"num_replicas": 2, "rank": 1}))
     train, pred = dm.train_dataloader(), dm.predict_dataloader()
     assert isinstance(train.sampler, EpochSeededSampler) and (train.sampler.num_replicas, train.sampler.rank) == (2, 1)
     assert list(pred.sampler) == list(range(1, 23, 2))
