@@ -19,7 +19,9 @@ from mmte.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs" / "encoders" / "tiny.yaml")
-FAST = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+# fp32 predictions (predict_dtype auto would take bf16 on CPUs with native bf16), to compare with fp32 references;
+# given at fit time too, since --ckpt_path restores the model's hyperparameters
+FAST = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false", "--model.predict_dtype", "fp32"]
 STEPS = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"]
 
 

@@ -68,7 +68,7 @@ def _module_and_weights(dm, tmp_path) -> tuple[object, str]:
     from mmte.training.module import MMTEModule
 
     torch.manual_seed(0)
-    m = MMTEModule({"tabular": {"name": "tabular"}}, "tiny", {"y": {"name": "classification", "pool": "cls"}}, freeze="none", data_info=dm.model_info)
+    m = MMTEModule({"tabular": {"name": "tabular"}}, "tiny", {"y": {"name": "classification", "pool": "cls"}}, freeze="none", predict_dtype="fp32", data_info=dm.model_info)
     m.configure_model()
     path = tmp_path / "weights.pt"
     torch.save(m.state_dict(), path)
@@ -133,7 +133,7 @@ DDP_SCRIPT = textwrap.dedent(
 
     src, weights, out = sys.argv[1:4]
     dm = TableDataModule(src, label_column="y", val_fraction=0.0, predict=src, eval_batch_size=5)
-    m = MMTEModule({"tabular": {"name": "tabular"}}, "tiny", {"y": {"name": "classification", "pool": "cls"}}, freeze="none", data_info=dm.model_info)
+    m = MMTEModule({"tabular": {"name": "tabular"}}, "tiny", {"y": {"name": "classification", "pool": "cls"}}, freeze="none", predict_dtype="fp32", data_info=dm.model_info)
     m.configure_model()
     m.load_state_dict(torch.load(weights, weights_only=True))
     trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_progress_bar=False, enable_model_summary=False,
@@ -183,7 +183,7 @@ DDP_FIT_SCRIPT = textwrap.dedent(
                 json.dump(self.seen, f)
 
     dm = TableDataModule(src, label_column="y", val_fraction=0.0, batch_size=batch, seed=3)
-    m = MMTEModule({"tabular": {"name": "tabular"}}, "tiny", {"y": {"name": "classification", "pool": "cls"}}, freeze="none", data_info=dm.model_info)
+    m = MMTEModule({"tabular": {"name": "tabular"}}, "tiny", {"y": {"name": "classification", "pool": "cls"}}, freeze="none", predict_dtype="fp32", data_info=dm.model_info)
     kw = dict(strategy="ddp") if devices > 1 else {}
     trainer = Trainer(accelerator="cpu", devices=devices, max_epochs=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
                       enable_checkpointing=False, limit_val_batches=0, callbacks=[Record()], **kw)
