@@ -117,6 +117,8 @@ def _cli_class():
                 strategy = self.trainer.strategy
                 if callable(getattr(strategy, "preflight", None)):  # refuse what cannot work before any process starts
                     strategy.preflight(self.model, self.trainer.num_nodes * self.trainer.num_devices, subcommand)
+                elif subcommand in self.config_init:
+                    self._consolidate_folder_checkpoint(subcommand)
                 super()._run_subcommand(subcommand)
             except BaseException:
                 # nothing half-written: folders this run created go, unless a checkpoint was saved
@@ -126,6 +128,19 @@ def _cli_class():
                         if d and not existed[d] and os.path.isdir(d):
                             shutil.rmtree(d, ignore_errors=True)
                 raise
+
+        def _consolidate_folder_checkpoint(self, subcommand: str) -> None:
+            """A distributed checkpoint folder given to a single-process run is consolidated into a portable
+            file first (what ``mmte convert`` does), so any checkpoint is usable on one process."""
+            ckpt = self.config_init[subcommand].get("ckpt_path")
+            if not ckpt or not os.path.isdir(str(ckpt)):
+                return
+            from .training.portable import consolidate
+
+            out = os.path.join(self.trainer.default_root_dir, f"{os.path.basename(os.path.normpath(str(ckpt)))}.consolidated.ckpt")
+            consolidate(ckpt, out)
+            logger.info("consolidated the distributed checkpoint %s into %s for this single-process run", ckpt, out)
+            self.config_init[subcommand]["ckpt_path"] = out
 
     return MMTECLI
 
@@ -204,14 +219,29 @@ def convert_main(argv: list[str]) -> int:
             "BackboneConfig in the metadata). Use it in a recipe as model.backbone_weights: <file>."
         ),
     )
-    p.add_argument("--from", dest="kind", required=True, choices=["hf", "timm", "meta-transformer", "named"],
+    p.add_argument("--from", dest="kind", choices=["hf", "timm", "meta-transformer", "named", "dcp"],
                    help="hf: a local Hugging Face BERT/ViT/CLIP-vision folder; timm: a timm model name (with --checkpoint); "
-                        "meta-transformer: the release's .pth; named: a named source such as minilm-l6")
+                        "meta-transformer: the release's .pth; named: a named source such as minilm-l6; dcp: a distributed "
+                        "checkpoint folder (save_distributed_checkpoint: true) -> one portable .ckpt (inferred for such a folder)")
     p.add_argument("source", help="folder, model name, file or named source")
-    p.add_argument("--out", required=True, help="output .safetensors path")
+    p.add_argument("out_path", nargs="?", help="output file (same as --out)")
+    p.add_argument("--out", help="output path: .safetensors (backbone weights) or .ckpt (--from dcp)")
     p.add_argument("--checkpoint", help="timm: local weights file for the model (nothing is downloaded)")
     p.add_argument("--preset", default="meta-transformer-b16", help="meta-transformer: the backbone shape (default %(default)s)")
     a = p.parse_args(argv)
+    a.out = a.out or a.out_path
+    if a.kind is None and os.path.isfile(os.path.join(a.source, ".metadata")):
+        a.kind = "dcp"
+    if a.kind is None or a.out is None:
+        raise ValueError("mmte convert needs --from {hf,timm,meta-transformer,named,dcp} and an output path (--out FILE)")
+    if a.kind == "dcp":
+        if not a.out.endswith(".ckpt"):
+            raise ValueError(f"--out must end in .ckpt for a distributed checkpoint; got {a.out!r}")
+        from .training.portable import consolidate
+
+        ckpt = consolidate(a.source, a.out)
+        print(f"wrote {a.out}: {len(ckpt['state_dict'])} tensors from the distributed checkpoint {a.source} (usable by one process or any layout)")
+        return 0
     if not a.out.endswith(".safetensors"):
         raise ValueError(f"--out must end in .safetensors; got {a.out!r}")
     import dataclasses

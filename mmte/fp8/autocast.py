@@ -39,7 +39,7 @@ import torch
 
 from .recipes import DelayedScaling, Recipe, make_recipe
 
-__all__ = ["autocast", "get_fp8_context", "is_fp8_enabled", "update_scales"]
+__all__ = ["autocast", "get_fp8_context", "is_fp8_enabled", "reset_pending", "update_scales"]
 
 
 @dataclass
@@ -135,6 +135,14 @@ def _finalize_backward() -> None:
     entries = [(ref(), recipe, group) for ref, recipe, group in items if ref() is not None]
     if entries:
         _finalize(entries, (2,))
+
+
+def reset_pending() -> None:
+    """Forget every pending gradient amax (not applied). Called when a training run ends: the next run's
+    first autocast entry must not reduce amaxes of another run's modules — on some ranks only, as garbage
+    collection decides which of them are still alive, which would leave the ranks' collectives unmatched."""
+    with _PENDING_LOCK:
+        _PENDING_BWD.clear()
 
 
 def update_scales() -> None:

@@ -126,7 +126,8 @@ class _FP8LinearFn(torch.autograd.Function):
             dw = fp8_gemm(qdyt, qxt, torch.float32, path).to(weight.dtype)
         if need_b and ctx.has_bias:
             db = dy.float().sum(0).to(weight.dtype if module.bias is None else module.bias.dtype)
-        ctx.qx = ctx.qw = None
+        # ctx.qx / ctx.qw are kept: zero-bubble pipeline schedules run this backward twice on one graph (input
+        # gradients first, weight gradients later); they are freed with the graph
         return dx, dw, db, None, None, None, None, None
 
 

@@ -40,7 +40,7 @@ class ParallelConfig:
         pp_schedule: pipeline schedule name (see :data:`mmte.parallel.pipeline.SCHEDULES`).
         microbatches: pipeline microbatches per step.
         virtual_stages: stages per rank for interleaved/looped schedules.
-        pp_balance: ``"layers"``, ``"params"`` or per-layer weights.
+        pp_balance: ``"compute"`` (trainable vs frozen layers), ``"layers"``, ``"params"`` or per-layer weights.
         pp_first, pp_last: top-level children placed on the first / last stage (default: by name).
         activation_checkpointing: ``"none"`` or ``"full"`` (recompute each layer in backward).
         compile: ``torch.compile`` each backbone layer.
@@ -53,7 +53,7 @@ class ParallelConfig:
     pp_schedule: str = "1f1b"
     microbatches: int = 4
     virtual_stages: int = 2
-    pp_balance: str | list[float] = "layers"
+    pp_balance: str | list[float] = "compute"
     pp_first: list[str] | None = None
     pp_last: list[str] | None = None
     activation_checkpointing: str = "none"

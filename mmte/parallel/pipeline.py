@@ -121,15 +121,21 @@ def _find_backbone(model: nn.Module) -> tuple[str, nn.Module]:
 
 
 def layer_costs(model: nn.Module, balance: str | Sequence[float] = "layers") -> list[float]:
-    """Relative cost of each backbone layer: 1 each (``"layers"``), parameter count (``"params"``), or given."""
+    """Relative cost of each backbone layer: training compute (``"compute"``: 3 for a layer with trainable
+    parameters, 2 for a frozen one, which still computes input gradients), 1 each (``"layers"``),
+    parameter count (``"params"``), or given."""
     _, bb = _find_backbone(model)
     n = len(bb.layers)
     if isinstance(balance, str):
+        if balance == "compute":
+            # a trainable layer runs forward, input-gradient and weight-gradient GEMMs (~3 units); a frozen one
+            # forward and input-gradient only (~2): balances trainable work when only part of the backbone trains
+            return [3.0 if any(p.requires_grad for p in layer.parameters()) else 2.0 for layer in bb.layers.values()]
         if balance == "layers":
             return [1.0] * n
         if balance == "params":
             return [float(sum(p.numel() for p in layer.parameters())) for layer in bb.layers.values()]
-        raise ValueError(f"balance must be 'layers', 'params' or a list of per-layer weights; got {balance!r}")
+        raise ValueError(f"balance must be 'compute', 'layers', 'params' or a list of per-layer weights; got {balance!r}")
     w = [float(x) for x in balance]
     if len(w) != n or any(x <= 0 for x in w):
         raise ValueError(f"balance weights must be {n} positive numbers (one per layer); got {list(balance)}")
@@ -290,6 +296,12 @@ def pipeline_split(
         ids,
         [all_fqns[i] for i in ids],
     )
+    if not any(p.requires_grad for p in local.parameters()):
+        logger.info(
+            "pipeline rank %d holds nothing to train (frozen layers only): it runs forward and passes input gradients back; "
+            "to give it trainable work, unfreeze layers it holds or place trainable parts with pp_first/pp_last",
+            pp_rank,
+        )
     return local, stages, num_stages
 
 

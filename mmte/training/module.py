@@ -681,6 +681,15 @@ class MMTEModule(LightningModule):
 
     def on_predict_start(self) -> None:
         self._reload_pretrained()
+        if any(type(p).__name__ == "DTensor" for p in self.model.parameters()):
+            # sharded (TP/FSDP) parameters cannot be copied into a separate inference model: run the model
+            # itself, in eval mode, under autocast when the inference dtype is bf16
+            from ..inference import resolve_dtype
+
+            dtype = resolve_dtype(self.hparams.predict_dtype, self.device)
+            object.__setattr__(self, "_inference", None)
+            object.__setattr__(self, "_predict_autocast", dtype == "bf16")
+            return
         # not a registered submodule: it shares the model's weights and must not enter state_dict()
         infer = self.model.inference(self.hparams.predict_dtype, compile=self.hparams.fuse_for_inference, device=self.device)
         object.__setattr__(self, "_inference", infer)
@@ -693,7 +702,12 @@ class MMTEModule(LightningModule):
         ``{value [B, ...]}``, contrastive ``{<modality>: [B, E]}``; plus ``index`` (row ids) and the
         target when the batch carries it."""
         infer = getattr(self, "_inference", None)
-        out = infer(batch) if infer is not None else self.model(batch)
+        if infer is not None:
+            out = infer(batch)
+        else:
+            bf16 = getattr(self, "_predict_autocast", False)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
+                out = self.model(batch)
         res: dict[str, Any] = {}
         if "index" in batch:
             res["index"] = batch["index"]

@@ -66,7 +66,7 @@ class MMTEStrategy(ModelParallelStrategy):
             ``dualpipev``.
         microbatches: pipeline microbatches per step.
         virtual_stages: stages per rank for interleaved schedules.
-        pp_balance: ``"layers"`` or ``"params"``.
+        pp_balance: ``"compute"`` (trainable layers weigh 3, frozen 2), ``"layers"`` or ``"params"``.
         activation_checkpointing: ``"none"`` or ``"full"``.
         compile: ``torch.compile`` each backbone layer.
         fsdp: :class:`~mmte.parallel.FSDPConfig` fields (``reshard_after_forward``, ``param_dtype``,
@@ -93,7 +93,7 @@ class MMTEStrategy(ModelParallelStrategy):
         pp_schedule: str = "1f1b",
         microbatches: int = 4,
         virtual_stages: int = 2,
-        pp_balance: str = "layers",
+        pp_balance: str = "compute",
         activation_checkpointing: str = "none",
         compile: bool = False,
         fsdp: dict | None = None,
