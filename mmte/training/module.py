@@ -563,11 +563,14 @@ class MMTEModule(LightningModule):
         return losses["loss"]
 
     def _log_losses(self, losses: Mapping[str, torch.Tensor], stage: str, bs: int | None) -> None:
-        self.log(f"{stage}_loss", losses["loss"], prog_bar=True, on_step=stage == "train", on_epoch=True, batch_size=bs)
+        # evaluation is sharded over data-parallel ranks: its loss is averaged over them (training keeps each
+        # rank's value per step, as Lightning does, to spare a collective per step)
+        sync = stage != "train"
+        self.log(f"{stage}_loss", losses["loss"], prog_bar=True, on_step=stage == "train", on_epoch=True, batch_size=bs, sync_dist=sync)
         if len(self.head_cfg) > 1:
             for h, l in losses.items():
                 if h != "loss":
-                    self.log(f"{stage}_{h}_loss", l, on_step=False, on_epoch=True, batch_size=bs)
+                    self.log(f"{stage}_{h}_loss", l, on_step=False, on_epoch=True, batch_size=bs, sync_dist=sync)
 
     def _update_metrics(self, out: Mapping[str, Any], batch: Mapping[str, Any], stage: str) -> None:
         for key, metric in self.metrics[f"{stage}_"].items():
@@ -626,7 +629,7 @@ class MMTEModule(LightningModule):
         """Every rank logs the (shared) loss and every metric name, as torchmetrics' epoch-end
         synchronisation needs."""
         bs = _batch_size(batch)
-        self.log(f"{stage}_loss", loss, prog_bar=True, on_step=stage == "train", on_epoch=True, batch_size=bs)
+        self.log(f"{stage}_loss", loss, prog_bar=True, on_step=stage == "train", on_epoch=True, batch_size=bs, sync_dist=stage != "train")
         self._log_metrics(stage, bs)
 
     def _log_epoch_recall(self, stage: str) -> None:

@@ -161,8 +161,9 @@ def test_lightning_fit_tp2_pp2_and_zbv_match_single_process(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_mmte_fit_with_the_tp2_fragment(tmp_path):
-    """`mmte fit --config <recipe> --config configs/parallel/tp2.yaml` on 2 CPU processes, then the
-    Lightning DCP checkpoint (one shard per rank) consolidated into full backbone tensors."""
+    """`mmte fit --config <recipe> --config configs/parallel/tp2.yaml` on 2 CPU processes writing a sharded
+    (DCP) checkpoint (`save_distributed_checkpoint: true`; the default is one portable file, see
+    test_portable.py), then its shards consolidated into full backbone tensors."""
     recipe = REPO / "recipes" / "tabular_wine.yaml"
     if not recipe.exists():
         pytest.skip(f"recipe {recipe} not present")
@@ -170,7 +171,7 @@ def test_mmte_fit_with_the_tp2_fragment(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     cmd = [sys.executable, "-m", "mmte", "fit", "--config", str(recipe), "--config", str(REPO / "configs/parallel/tp2.yaml"),
            "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "1",
-           "--trainer.default_root_dir", str(root)]
+           "--trainer.strategy.init_args.save_distributed_checkpoint", "true", "--trainer.default_root_dir", str(root)]
     proc = subprocess.run(cmd, check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "tensor parallel tp=2 with sequence parallel" in proc.stderr + proc.stdout
