@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, Sampler
 from ..data import collate_batch
 from ..data import datasets as mds
 from ..tokenizers.registry import get_modality
+from .guards import ResumableDataLoader
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +165,8 @@ class MMTEDataModule(LightningDataModule):
             raise ValueError(f"the {split!r} split is empty; set val_fraction/test_fraction (or the split patterns) to make one")
         kw: dict[str, Any] = {"collate_fn": self._collate, "num_workers": self.num_workers, "persistent_workers": self.num_workers > 0}
         if train:
-            return DataLoader(ds, batch_size=self.batch_size, sampler=EpochSeededSampler(len(ds), self.seed), drop_last=self.drop_last, **kw)
+            # resumable: a run stopped mid-epoch (SIGTERM) continues with the batches it had not seen yet
+            return ResumableDataLoader(ds, batch_size=self.batch_size, sampler=EpochSeededSampler(len(ds), self.seed), drop_last=self.drop_last, **kw)
         return DataLoader(ds, batch_size=self.eval_batch_size, shuffle=False, **kw)
 
     def train_dataloader(self) -> DataLoader:
