@@ -173,6 +173,7 @@ def _cli_class():
             root = c.trainer.default_root_dir or os.path.join("runs", "mmte")
             c.trainer.default_root_dir = root
             _check_trainer_options(c.trainer)
+            _check_strategy(c.trainer.get("strategy"))
             _check_writable(root, "--trainer.default_root_dir")
             if c.trainer.logger in (None, True):
                 c.trainer.logger = Namespace(class_path="lightning.pytorch.loggers.CSVLogger", init_args=Namespace(save_dir=root, name="logs"))
@@ -311,6 +312,17 @@ def _check_trainer_options(t: Any) -> None:
                              "expected an accelerator that is present", "set --trainer.accelerator auto (or cpu)")
 
 
+def _check_strategy(strategy: Any) -> None:
+    """A strategy given by name must be one Lightning knows (its own message is a paragraph)."""
+    if not isinstance(strategy, str) or strategy == "auto":
+        return
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    known = ["auto", *StrategyRegistry.available_strategies()]
+    if strategy not in known:
+        raise UnknownNameError("strategy", strategy, known, "or stack a configs/parallel/*.yaml fragment (e.g. ddp.yaml, tp2.yaml)")
+
+
 def _check_writable(root: str, flag: str) -> None:
     """The output folder (or the nearest folder above it that exists) must accept new files."""
     import tempfile
@@ -387,9 +399,10 @@ def _argparse_usage_error(e: argparse.ArgumentError, parser: Any, argv: list[str
     sub = argv[0] if argv and argv[0] in _LIGHTNING_COMMANDS else None
     if "unrecognized arguments:" in msg:
         bad = [a for a in msg.split("unrecognized arguments:", 1)[1].split() if a.startswith("-")]
-        opts = _option_strings(parser, sub)
         flag = bad[0].split("=", 1)[0] if bad else msg
-        return UnknownNameError("option", flag, opts, f"see mmte {sub or ''} --help".replace("  ", " "))
+        hit = closest(flag, _option_strings(parser, sub))
+        return UsageError(f"unknown option {flag}", f"expected an option listed by mmte {sub + ' ' if sub else ''}--help"
+                          + (f" (did you mean {hit[0]}?)" if hit else ""), "fix the spelling or drop it")
     key = None
     if msg.startswith('Parser key "'):
         key, _, msg = msg[len('Parser key "') :].partition('":')
@@ -418,6 +431,9 @@ def describe_error(e: BaseException) -> tuple[str, int] | None:
     (a bug: the traceback is more useful)."""
     if isinstance(e, MMTEError):
         return str(e), e.exit_code
+    union = _union_reason(e)
+    if union:
+        return union, 2
     inner = _innermost(e)
     if inner is not e and isinstance(inner, MMTEError):
         return str(inner), inner.exit_code
@@ -432,6 +448,21 @@ def describe_error(e: BaseException) -> tuple[str, int] | None:
         return f"{text or name}, expected a readable input and writable output, check the path, permissions and free disk space", 1
     if isinstance(inner, RuntimeError) and "Error(s) in loading state_dict" in text:
         return f"{text[:400]}, expected a checkpoint of this model, use the recipe the checkpoint was trained with", 2
+    return None
+
+
+def _union_reason(e: BaseException) -> str | None:
+    """jsonargparse reports a failed constructor of a ``Union`` option (e.g. ``trainer.strategy``) as a list
+    of per-type errors; the one that is not a bare type mismatch is the user's mistake."""
+    seen: BaseException | None = e
+    while seen is not None:
+        text = str(seen)
+        if "Errors:" in text:
+            for ln in text.split("Errors:", 1)[1].splitlines():
+                ln = ln.strip()
+                if ln.startswith("- ") and not ln[2:].startswith(("Expected a <class", "Not a valid subclass", "Does not validate")):
+                    return " ".join(ln[2:].split())
+        seen = seen.__cause__ or (seen.__context__ if not seen.__suppress_context__ else None)
     return None
 
 

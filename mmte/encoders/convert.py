@@ -56,24 +56,49 @@ def deinterleave_qkv(t: Tensor, num_heads: int) -> Tensor:
     return t.reshape(num_heads, 3, -1, *rest).transpose(0, 1).reshape(t.shape)
 
 
-def load_state_dict_file(path: str | os.PathLike) -> dict[str, Tensor]:
+def load_state_dict_file(path: str | os.PathLike, check_finite: bool = True) -> dict[str, Tensor]:
     """Read a checkpoint safely: ``.safetensors`` via safetensors, else ``torch.load(weights_only=True)``.
 
     A wrapper dict (``{"state_dict": ...}``, ``{"model": ...}``, ``{"module": ...}``) is unwrapped.
+
+    Raises:
+        FileNotFoundError: no such file.
+        mmte.errors.UsageError: the file is malformed or truncated, or holds no state dict (the file named).
+        mmte.errors.NonFiniteError: with ``check_finite``, a floating tensor holds NaN/inf (file and tensor named).
     """
+    from ..errors import NonFiniteError, UsageError
+
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint file not found: {path}")
-    if path.endswith(".safetensors"):
-        from safetensors.torch import load_file
+    try:
+        if path.endswith(".safetensors"):
+            from safetensors.torch import load_file
 
-        return load_file(path)
-    sd = torch.load(path, map_location="cpu", weights_only=True)
+            sd = load_file(path)
+        else:
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - every reader error means the file cannot be used
+        first = (str(e).strip().splitlines() or [""])[0][:160]
+        kind = "safetensors" if path.endswith(".safetensors") else "torch.save"
+        raise UsageError(f"weights file {path} is malformed or truncated ({type(e).__name__}: {first})",
+                         f"expected a complete {kind} file of tensors", "replace it (e.g. write it again with mmte convert)") from None
     for key in ("state_dict", "model", "module"):
         if isinstance(sd, dict) and key in sd and isinstance(sd[key], dict):
             sd = sd[key]
     if not isinstance(sd, dict):
-        raise ValueError(f"{path} does not hold a state dict (got {type(sd).__name__})")
+        raise UsageError(f"{path} does not hold a state dict (got {type(sd).__name__})", "expected a mapping of names to tensors",
+                         "point at a weights file")
+    if check_finite:
+        for k, t in sd.items():
+            if isinstance(t, Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                bad = ~torch.isfinite(t)
+                i = int(bad.reshape(-1).nonzero()[0, 0])
+                raise NonFiniteError(
+                    f"weights file {path}: tensor {k!r} {list(t.shape)} holds {int(bad.sum())} non-finite value(s) (first: "
+                    f"{t.reshape(-1)[i].item()} at flat index {i})",
+                    "expected finite weights", "use an intact copy of the weights",
+                )
     return sd
 
 

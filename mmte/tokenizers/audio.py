@@ -56,6 +56,8 @@ class AudioTokenizer(ModalityTokenizer):
         device: torch.device | str | None = None,
     ):
         super().__init__(dim)
+        if patch_size < 1 or stride < 1:
+            raise ValueError(f"audio patch_size and stride must be positive; got {patch_size}, {stride}")
         if num_mel_bins < patch_size or max_frames < patch_size:
             raise ValueError(f"num_mel_bins ({num_mel_bins}) and max_frames ({max_frames}) must be >= patch_size ({patch_size})")
         self.num_mel_bins, self.max_frames, self.patch_size, self.stride = num_mel_bins, max_frames, patch_size, stride

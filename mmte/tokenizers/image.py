@@ -13,8 +13,11 @@ from .base import ModalityTokenizer, TokenSeq
 __all__ = ["ImageTokenizer", "patch_grid", "resample_pos_embed"]
 
 
-def _pair(x: int | tuple[int, int]) -> tuple[int, int]:
-    return (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))
+def _pair(x: int | tuple[int, int], name: str = "patch_size") -> tuple[int, int]:
+    p = (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))
+    if p[0] < 1 or p[1] < 1:
+        raise ValueError(f"{name} must be positive; got {x!r}")
+    return p
 
 
 def patch_grid(
@@ -22,7 +25,7 @@ def patch_grid(
 ) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
     """``(img_size, patch_size, grid_size)`` as (h, w) pairs; ``ValueError`` when the image does not
     divide into whole patches."""
-    img, patch = _pair(img_size), _pair(patch_size)
+    img, patch = _pair(img_size, "img_size"), _pair(patch_size)
     if any(i % p for i, p in zip(img, patch)):
         raise ValueError(f"img_size {img} must be a multiple of patch_size {patch}")
     return img, patch, (img[0] // patch[0], img[1] // patch[1])

@@ -348,6 +348,7 @@ class TableDataModule(MMTEDataModule):
         if not self.numeric and not self.categorical:
             raise ValueError(f"table {path} has no feature columns besides {label_column!r}")
         labels = table[label_column]
+        _check_table_values(table, self.numeric, label_column, task, path)
         if task == "classification":
             uniq = sorted(set(labels), key=lambda v: (str(type(v)), v))
             self.class_names = [str(u) for u in uniq]
@@ -384,6 +385,23 @@ class TableDataModule(MMTEDataModule):
             split_rows = [rows[i] for i in idx]
             self.datasets[s] = mds.lazy_preprocess(ds, {"tabular": ("row", lambda r, sr=split_rows: enc([sr[r]])[0])}, (key, "index"))
             self.names[s] = [f"row {i}" for i in idx]
+
+
+def _check_table_values(table, numeric: list[str], label_column: str, task: str, path: str) -> None:
+    """Numeric features finite and within float32 (empty = missing); every row labelled (a NaN or empty label
+    would otherwise become a class of its own)."""
+    from ..data.finite import check_finite_table
+    from ..errors import DataError
+
+    if numeric:
+        cols = [np.asarray([np.nan if v is None else v for v in table[c]], dtype=np.float64) for c in numeric]
+        check_finite_table(np.stack(cols, 1), numeric, f"table {path}", allow_nan=True)
+    labels = table[label_column]
+    missing = [i for i, v in enumerate(labels) if v is None or (isinstance(v, float) and not np.isfinite(v)) or (isinstance(v, str) and not v.strip())]
+    if missing:
+        raise DataError(f"table {path}: row {missing[0]} has no {label_column!r} ({labels[missing[0]]!r}; {len(missing)} unlabelled row(s) in all)",
+                        f"expected a {'class' if task == 'classification' else 'finite target'} in every row",
+                        "fill in or drop those rows")
 
 
 # ---------------------------------------------------------------------------------- forecasting
@@ -432,6 +450,7 @@ class ForecastDataModule(MMTEDataModule):
             borders = list(ETT_HOURLY_BORDERS) if n >= ETT_HOURLY_BORDERS[-1] else [0, int(0.7 * n), int(0.8 * n), n]
         if len(borders) != 4 or list(borders) != sorted(borders) or borders[-1] > n:
             raise ValueError(f"borders must be 4 increasing row numbers <= {n} (train, val, test starts and end); got {borders}")
+        _check_forecast_lengths(path, n, list(borders), input_len, horizon)
         self.path, self.input_len, self.horizon, self.borders = path, input_len, horizon, list(borders)
         self.train_step, self.eval_step = train_step, eval_step
         train = values[borders[0] : borders[1]]
@@ -461,6 +480,20 @@ class ForecastDataModule(MMTEDataModule):
 
             self.datasets[s] = mds.lazy_preprocess(ds, {"time_series": ("start", window), "target": ("start", future)}, ("index",))
             self.names[s] = [f"t={t}" for t in starts]
+
+
+def _check_forecast_lengths(path: str, n: int, b: list[int], input_len: int, horizon: int) -> None:
+    """Each split must hold at least one (input_len + horizon) window (val/test windows start input_len early)."""
+    from ..errors import DataError
+
+    need = input_len + horizon
+    for name, rows, have in (("train", b[1] - b[0], b[1] - b[0]), ("val", b[2] - b[1], b[2] - b[1] + input_len),
+                             ("test", b[3] - b[2], b[3] - b[2] + input_len)):
+        if have < need:
+            raise DataError(f"{path} has {n} rows: its {name} part (rows {b[SPLITS.index(name)]}..{b[SPLITS.index(name) + 1]}, {rows} rows) is too short "
+                            f"for one window of input_len {input_len} + horizon {horizon}",
+                            f"expected at least {need} rows per part (borders {b})",
+                            "use a longer file, a smaller --data.init_args.input_len / horizon, or set borders")
 
 
 # ---------------------------------------------------------------------------------------- pairs
