@@ -119,7 +119,7 @@ def closest(name: object, known: Iterable[str], n: int = 1) -> list[str]:
     """The ``n`` closest matches of ``name`` among ``known`` (``difflib``; case-insensitive)."""
     known = list(known)
     lower = {k.lower(): k for k in known}
-    hits = difflib.get_close_matches(str(name).lower(), list(lower), n=n, cutoff=0.5)
+    hits = difflib.get_close_matches(str(name).lower(), list(lower), n=n, cutoff=0.6)
     return [lower[h] for h in hits]
 
 

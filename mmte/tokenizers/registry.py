@@ -159,8 +159,17 @@ class ModalitySpec:
         except TypeError as e:
             raise UsageError(f"invalid {self.name} tokenizer config {config} ({e})", f"expected the options {names}", "fix the recipe") from None
 
-    def create(self, dim: int, /, **config: Any) -> nn.Module:
-        """Build the tokenizer: ``tokenizer(dim=dim, **config)`` after validation."""
+    def create(self, *args: Any, **config: Any) -> nn.Module:
+        """Build the tokenizer: ``create(dim, **config)`` or ``create(dim=..., **config)`` ->
+        ``tokenizer(dim=dim, **config)`` after validation. A ``dim`` among the options of a tokenizer whose width
+        is given positionally (the model passes the backbone's hidden size) is refused, naming both."""
+        if len(args) > 1:
+            raise TypeError(f"create() takes the width dim and keyword options; got {len(args)} positional arguments")
+        if not args:
+            if "dim" not in config:
+                raise TypeError("create() needs the token width dim")
+            args = (config.pop("dim"),)
+        dim = args[0]
         if "dim" in config:
             raise UsageError(f"{self.name} tokenizer option dim is {config['dim']!r}, but a tokenizer's width is the backbone's hidden size ({dim})",
                              "expected no dim among the tokenizer's options", "remove dim (the backbone preset sets the width)")
@@ -338,12 +347,12 @@ def get_modality(name: str) -> ModalitySpec:
     return MODALITIES.get(name)
 
 
-def create(name: str, dim: int, /, **config: Any) -> nn.Module:
+def create(name: str, *args: Any, **config: Any) -> nn.Module:
     """Build the tokenizer of modality ``name`` with token width ``dim`` and its config options.
 
     ``params_dtype`` and ``device`` are passed through when given.
     """
-    return get_modality(name).create(dim, **config)
+    return get_modality(name).create(*args, **config)
 
 
 def reload() -> list[str]:
