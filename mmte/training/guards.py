@@ -128,6 +128,14 @@ class TrainingGuard(Callback):
 
     # ------------------------------------------------------------------------------ signals
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        fl = trainer.fit_loop
+        if fl.restarting and getattr(fl, "_combined_loader_states_to_load", None) and fl._combined_loader is not None:
+            # Lightning loads the loaders' states only when it creates the train loader after restoring the
+            # checkpoint; the LR schedule's estimated_stepping_batches created it before, so do it here and
+            # start the iterator again (it has not yielded yet) so the skip applies.
+            fl._load_combined_loader_states()
+            if fl._data_fetcher is not None:
+                iter(fl._data_fetcher)
         if self.handle_signals:
             # Lightning's own SIGTERM handler (set up before this hook) only stops after the step, exits 0
             # and saves nothing: mmte's replaces it; Lightning's teardown restores the previous handlers.
@@ -181,7 +189,7 @@ class TrainingGuard(Callback):
         mid_epoch = trainer.training and bp.current.processed > bp.current.completed and not bp.is_last_batch
         checkpoint["mmte_resume"] = {"mid_epoch": bool(mid_epoch), "rng": _rng_state() if mid_epoch else None}
         # a loader state at the end of its epoch means "the next epoch, from its start"
-        states = (checkpoint.get("loops") or {}).get("fit_loop", {}).get("combined_loader") or []
+        states = ((checkpoint.get("loops") or {}).get("fit_loop", {}).get("state_dict") or {}).get("combined_loader") or []
         n = trainer.num_training_batches
         for s in states:
             if isinstance(s, dict) and s.get("mmte_resumable") and isinstance(n, int) and s["batches"] >= n:
