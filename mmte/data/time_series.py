@@ -34,7 +34,7 @@ def load_csv_series(path: str | os.PathLike, columns: Sequence[str] | None = Non
     except ValueError as e:
         from ..errors import DataError
 
-        bad = next((c for c in df.columns if not np.issubdtype(df[c].dtype, np.number)), None)
+        bad = next((c for c in df.columns if not pd.api.types.is_numeric_dtype(df[c])), None)
         raise DataError(f"{os.fspath(path)}: column {bad!r} is not numeric ({e})", "expected numeric columns besides the time column",
                         "select numeric columns with columns: [...] or set time_column") from None
     from .finite import check_finite_table
