@@ -229,3 +229,167 @@ def test_bad_input_gives_one_line(case, fx, tmp_path, capsys):
         assert got == want
     if args[0] == "fit":
         assert not root.exists() or not any((root / "checkpoints").glob("*.ckpt")), "a failed run left a checkpoint"
+
+
+# ----------------------------------------------------------------------------- through a subprocess
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([R, os.environ.get("PYTHONPATH", "")]), **extra}
+
+
+def _without_root_override() -> None:
+    """preexec_fn for root: drop CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH from the bounding set, so the exec'd
+    command obeys file permissions like any user (prctl PR_CAPBSET_DROP)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2):
+        if libc.prctl(24, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
+
+
+def test_console_exit_status_and_debug_traceback(tmp_path):
+    """``python -m mmte`` exits with main's status (it used to print the line and exit 0); MMTE_DEBUG=1 shows the
+    traceback instead of the line."""
+    cmd = [sys.executable, "-m", "mmte", "fit", *QUICK, "--data.init_args.batch_size", "0", "--trainer.default_root_dir", str(tmp_path / "r")]
+    p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert p.stderr.strip().splitlines()[-1] == "mmte: error: batch_size must be a positive int; got 0" and "Traceback" not in p.stderr
+    d = subprocess.run(cmd, env=_env(MMTE_DEBUG="1"), capture_output=True, text=True, timeout=300)
+    assert d.returncode == 1 and "Traceback (most recent call last)" in d.stderr, d.stderr[-2000:]
+    assert "ValueError: batch_size must be a positive int; got 0" in d.stderr and "mmte: error:" not in d.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_read_only_output_folder(tmp_path):
+    """A folder the user cannot write to: one line before anything starts (as root, the command runs without
+    root's permission override, since root writes anywhere)."""
+    import tempfile
+
+    ro = Path(tempfile.mkdtemp(prefix="mmte-ro-"))
+    try:
+        ro.chmod(0o555)
+        kw = {"preexec_fn": _without_root_override} if os.geteuid() == 0 else {}
+        cmd = [sys.executable, "-m", "mmte", "fit", *QUICK, "--trainer.default_root_dir", str(ro / "run")]
+        try:
+            p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, **kw)
+        except subprocess.SubprocessError as e:  # no CAP_SETPCAP: root cannot give up its override here
+            pytest.skip(f"cannot run without root's permission override: {e}")
+        assert p.returncode == 2, p.stderr[-2000:]
+        assert p.stderr.strip().splitlines()[-1] == (
+            f"mmte: error: --trainer.default_root_dir {ro}/run cannot be written ({ro}: Permission denied), expected a writable folder for "
+            "logs and checkpoints, choose another --trainer.default_root_dir (or fix the folder's permissions)"
+        )
+        assert "Traceback" not in p.stderr and list(ro.iterdir()) == []
+    finally:
+        ro.chmod(0o755)
+        ro.rmdir()
+
+
+# ------------------------------------------------------------------------ fixes and loud warnings
+def test_logger_false_trains(tmp_path, capsys):
+    """``--trainer.logger false`` used to fail on the learning-rate monitor; now it trains and checkpoints."""
+    root = tmp_path / "r"
+    assert main(["fit", *QUICK, *FAST, "--trainer.logger", "false", "--trainer.default_root_dir", str(root)]) == 0
+    assert (root / "checkpoints" / "last.ckpt").is_file() and not (root / "logs").exists()
+
+
+def test_predict_without_checkpoint_warns(tmp_path, capsys):
+    root = tmp_path / "r"
+    assert main(["predict", *QUICK, *FAST, "--trainer.default_root_dir", str(root), "--prediction_writer.print_rows", "0"]) == 0
+    warn = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("mmte: warning:")]
+    assert warn == [
+        "mmte: warning: predict without --ckpt_path: the heads (digit) and tokenizers are randomly initialised (the backbone too has no "
+        "pretrained weights; the output is meaningless). Pass --ckpt_path best (or a .ckpt written by mmte fit)"
+    ]
+
+
+def test_convert_timm_without_checkpoint_warns(tmp_path, capsys):
+    pytest.importorskip("timm")
+    out = tmp_path / "v.safetensors"
+    assert main(["convert", "--from", "timm", "vit_tiny_patch16_224", "--out", str(out)]) == 0
+    warn = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("mmte: warning:")]
+    assert warn == [
+        "mmte: warning: --from timm without --checkpoint writes timm's RANDOM initialisation of vit_tiny_patch16_224 (mmte downloads "
+        "nothing); pass --checkpoint <weights file> for pretrained weights"
+    ]
+    assert out.is_file() and not list(tmp_path.glob(".tmp-*"))
+
+
+def test_checkpoint_overridable_flag_is_applied(fx, tmp_path, capsys):
+    """A flag users may change with --ckpt_path (predict_dtype) is kept, not silently replaced by the checkpoint's."""
+    from mmte.cli import MMTECLI
+
+    cli = MMTECLI(args=["validate", *WINE, *FAST, "--trainer.default_root_dir", str(tmp_path / "r"), "--ckpt_path",
+                        str(fx / "wine_run" / "checkpoints" / "best.ckpt"), "--model.predict_dtype", "bf16"])
+    assert cli.model.hparams.predict_dtype == "bf16" and cli.model.hparams.lr == 2.0e-3
+
+
+# ------------------------------------------------------------------------------------ registries
+PLUGIN = '''
+import torch
+from mmte.tokenizers.base import TokenSeq
+
+class Tok(torch.nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.proj = torch.nn.Linear(3, dim)
+
+    def forward(self, x):
+        return TokenSeq(self.proj(x), None)
+'''
+
+
+def test_registering_a_builtin_name_first_hides_nothing(tmp_path):
+    """Registering ``audio`` before the registry's first read used to hide the six built-ins imported after audio
+    (the import of the built-in audio module failed half-way); now the built-ins come first and the clash names both."""
+    (tmp_path / "myaudio.py").write_text(PLUGIN)
+    code = (
+        "from mmte.errors import UsageError\n"
+        "from mmte.tokenizers.registry import register_modality, list_modalities\n"
+        "from myaudio import Tok\n"
+        "try:\n    register_modality('audio', tokenizer=Tok)\nexcept UsageError as e:\n    print('ERR', e)\n"
+        "print(list_modalities())\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], env=_env(PYTHONPATH=os.pathsep.join([str(tmp_path), R])), capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = p.stdout.strip().splitlines()
+    assert out[0] == (
+        "ERR modality 'audio' is already registered by mmte.tokenizers.audio.AudioTokenizer; myaudio.Tok registers it again, expected a "
+        "modality name not taken yet, register it under another name (or pass override=True to replace the first)"
+    )
+    assert out[1] == str(["audio", "graph", "hyperspectral", "image", "imu", "infrared", "point_cloud", "tabular", "text", "time_series", "video",
+                          "xray"])
+
+
+def test_plugin_entry_point_clash_names_both_sources(tmp_path):
+    site = tmp_path / "site"
+    (site / "clash_plugin-0.1.dist-info").mkdir(parents=True)
+    (site / "clash_plugin-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: clash-plugin\nVersion: 0.1\n")
+    (site / "clash_plugin-0.1.dist-info" / "entry_points.txt").write_text("[mmte.modalities]\naudio = clash_plugin:Tok\n")
+    (site / "clash_plugin.py").write_text(PLUGIN)
+    p = subprocess.run([sys.executable, "-m", "mmte", "modalities"], env=_env(PYTHONPATH=os.pathsep.join([str(site), R])), capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert p.stderr.strip().splitlines()[-1] == (
+        "mmte: error: modality plug-in 'audio' (entry point audio = clash_plugin:Tok of distribution clash-plugin 0.1) clashes with the "
+        "modality 'audio' registered by mmte.tokenizers.audio.AudioTokenizer, expected plug-ins to use new modality names, rename the entry "
+        "point in the plug-in's metadata, or uninstall it (clash-plugin)"
+    )
+
+
+def test_head_name_clash_names_both_sources():
+    from mmte.errors import UsageError
+    from mmte.heads import Head, get_head, register_head
+
+    class MyHead(Head):
+        pass
+
+    with pytest.raises(UsageError) as e:
+        register_head("classification")(MyHead)
+    assert str(e.value) == (
+        "head 'classification' is already registered by mmte.heads.heads.ClassificationHead; "
+        "tests.test_errors.test_head_name_clash_names_both_sources.<locals>.MyHead registers it again, expected a head name not taken yet, "
+        "register it under another name (or pass override=True to replace the first)"
+    )
+    assert get_head("classification").__name__ == "ClassificationHead"
