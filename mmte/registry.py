@@ -85,7 +85,7 @@ class Registry(Generic[T]):
                 )
             try:
                 obj = ep.load()
-            except Exception as e:  # a broken plug-in must not break the library
+            except Exception as e:  # noqa: BLE001 - a broken plug-in must not break the library
                 logger.warning("could not load %s entry point %r (%s): %s", self.kind, ep.name, ep.value, e)
                 continue
             if ep.name in self._items:

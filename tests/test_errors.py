@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from mmte.cli import main
 
@@ -82,123 +81,127 @@ def fx(tmp_path_factory) -> Path:
 
 
 # ------------------------------------------------------------------------------------------- rows
+def _row(argv: list[str], code: int, message: str) -> tuple[list[str], int, str]:
+    return argv, code, message
+
+
 # id -> (argv, exit status, expected message: exact text, or a regex when it starts with "re:")
 # {fx}: the fixture folder, {root}: the row's fresh --trainer.default_root_dir, {R}: the repository
 ROWS: dict[str, tuple[list[str], int, str]] = {
-    "batch_size_0": (["fit", *QUICK, "--data.init_args.batch_size", "0"], 2,
+    "batch_size_0": _row(["fit", *QUICK, "--data.init_args.batch_size", "0"], 2,
                      "batch_size must be a positive int; got 0"),
-    "devices_0": (["fit", *QUICK, "--trainer.devices", "0"], 2,
+    "devices_0": _row(["fit", *QUICK, "--trainer.devices", "0"], 2,
                   "--trainer.devices is '0', expected a positive number of devices, a list of device ids, -1 (all) or 'auto', set --trainer.devices 1"),
-    "devices_-2": (["fit", *QUICK, "--trainer.devices", "-2"], 2,
+    "devices_-2": _row(["fit", *QUICK, "--trainer.devices", "-2"], 2,
                    "--trainer.devices is '-2', expected a positive number of devices, a list of device ids, -1 (all) or 'auto', set --trainer.devices 1"),
-    "accelerator_gpu_without_gpu": (["fit", *QUICK, "--trainer.accelerator", "gpu"], 2,
+    "accelerator_gpu_without_gpu": _row(["fit", *QUICK, "--trainer.accelerator", "gpu"], 2,
                                     "--trainer.accelerator is 'gpu' but this machine has no such device (found: CPU only), expected an accelerator "
                                     "that is present, set --trainer.accelerator auto (or cpu)"),
-    "empty_yaml": (["fit", "--config", "{fx}/empty.yaml"], 2,
+    "empty_yaml": _row(["fit", "--config", "{fx}/empty.yaml"], 2,
                    "--config {fx}/empty.yaml is empty, expected a YAML mapping such as recipes/quickstart.yaml (trainer:, model:, data:), "
                    "fill it in or drop this --config"),
-    "comment_only_yaml": (["fit", *QUICK, "--config", "{fx}/comments.yaml"], 2,
+    "comment_only_yaml": _row(["fit", *QUICK, "--config", "{fx}/comments.yaml"], 2,
                           "--config {fx}/comments.yaml is empty, expected a YAML mapping such as recipes/quickstart.yaml (trainer:, model:, data:), "
                           "fill it in or drop this --config"),
-    "yaml_list": (["fit", "--config", "{fx}/list.yaml"], 2,
+    "yaml_list": _row(["fit", "--config", "{fx}/list.yaml"], 2,
                   "--config {fx}/list.yaml holds a list, not a mapping, expected keys such as trainer:, model:, data:, see recipes/quickstart.yaml "
                   "for the layout"),
-    "yaml_syntax": (["fit", "--config", "{fx}/broken.yaml"], 2,
+    "yaml_syntax": _row(["fit", "--config", "{fx}/broken.yaml"], 2,
                     "re:--config {fx}/broken.yaml is not valid YAML \\(.* line 3, column 2\\), expected a YAML mapping, fix the file "
                     "\\(indentation, colons, quotes\\)"),
-    "recipe_typo": (["fit", "--config", "{R}/recipes/quickstrt.yaml"], 2,
+    "recipe_typo": _row(["fit", "--config", "{R}/recipes/quickstrt.yaml"], 2,
                     "re:--config {R}/recipes/quickstrt.yaml does not exist, expected a recipe or fragment YAML file \\(in {R}/recipes: "
                     ".*quickstart.yaml.*\\), did you mean {R}/recipes/quickstart.yaml\\?"),
-    "unknown_command": (["fitt", *QUICK], 2,
+    "unknown_command": _row(["fitt", *QUICK], 2,
                         "unknown command 'fitt', expected one of convert, fit, modalities, predict, test, validate (did you mean 'fit'?), "
                         "see mmte --help"),
-    "unknown_option": (["fit", *QUICK, "--model.lrr", "0.1"], 2,
+    "unknown_option": _row(["fit", *QUICK, "--model.lrr", "0.1"], 2,
                        "unknown option --model.lrr, expected an option listed by mmte fit --help (did you mean --model.lr?), fix the spelling "
                        "or drop it"),
-    "unknown_modality": (["fit", *QUICK, "--model.tokenizers", "{image: {name: imag}}"], 2,
+    "unknown_modality": _row(["fit", *QUICK, "--model.tokenizers", "{image: {name: imag}}"], 2,
                          "unknown modality 'imag', expected one of audio, graph, hyperspectral, image, imu, infrared, point_cloud, tabular, "
                          "text, time_series, video, xray (did you mean 'image'?), see mmte modalities"),
-    "unknown_head": (["fit", *QUICK, "--model.heads", "{digit: {name: clasification}}"], 2,
+    "unknown_head": _row(["fit", *QUICK, "--model.heads", "{digit: {name: clasification}}"], 2,
                      "unknown head 'clasification', expected one of classification, contrastive, forecasting, regression, token (did you mean "
                      "'classification'?), set the head's name: to one of them"),
-    "unknown_preset": (["fit", *QUICK, "--model.backbone", "tinyy"], 2,
+    "unknown_preset": _row(["fit", *QUICK, "--model.backbone", "tinyy"], 2,
                        "unknown backbone preset 'tinyy', expected one of meta-transformer-b16, meta-transformer-l14, minilm-l6, small, tiny, "
                        "vit-b16 (did you mean 'tiny'?), set model.backbone to one of them"),
-    "unknown_strategy": (["fit", *QUICK, "--trainer.strategy", "dpp"], 2,
+    "unknown_strategy": _row(["fit", *QUICK, "--trainer.strategy", "dpp"], 2,
                          "re:unknown strategy 'dpp', expected one of auto, ddp, .* \\(did you mean 'ddp'\\?\\), or stack a configs/parallel/\\*.yaml "
                          "fragment \\(e.g. ddp.yaml, tp2.yaml\\)"),
-    "unknown_tokenizer_option": (["fit", *QUICK, "--model.tokenizers", "{image: {name: image, img_size: 8, patch_sise: 4, in_chans: 1}}"], 2,
+    "unknown_tokenizer_option": _row(["fit", *QUICK, "--model.tokenizers", "{image: {name: image, img_size: 8, patch_sise: 4, in_chans: 1}}"], 2,
                                  "re:unknown image tokenizer option\\(s\\) \\['patch_sise'\\], expected some of \\['img_size', 'patch_size', .*\\] "
                                  "\\(did you mean 'patch_size'\\?\\), fix or drop them"),
-    "patch_size_string": (["fit", *QUICK, "--model.tokenizers", "{image: {name: image, img_size: 8, patch_size: '4', in_chans: 1}}"], 2,
+    "patch_size_string": _row(["fit", *QUICK, "--model.tokenizers", "{image: {name: image, img_size: 8, patch_size: '4', in_chans: 1}}"], 2,
                           "image tokenizer option patch_size is '4' (a str), expected an int or a list [an int, an int], write patch_size: 4 "
                           "(no quotes: a quoted number is a string)"),
-    "patch_size_0": (["fit", *QUICK, "--model.tokenizers", "{image: {name: image, img_size: 8, patch_size: 0, in_chans: 1}}"], 2,
+    "patch_size_0": _row(["fit", *QUICK, "--model.tokenizers", "{image: {name: image, img_size: 8, patch_size: 0, in_chans: 1}}"], 2,
                      "patch_size must be positive; got 0"),
-    "tokenizer_dim_twice": (["fit", *QUICK, "--model.tokenizers", "{image: {name: image, img_size: 8, patch_size: 4, in_chans: 1, dim: 32}}"], 2,
+    "tokenizer_dim_twice": _row(["fit", *QUICK, "--model.tokenizers", "{image: {name: image, img_size: 8, patch_size: 4, in_chans: 1, dim: 32}}"], 2,
                             "image tokenizer option dim is 32, but a tokenizer's width is the backbone's hidden size (64), expected no dim among "
                             "the tokenizer's options, remove dim (the backbone preset sets the width)"),
-    "tp_0": (["fit", *QUICK, "--trainer.strategy", "mmte.training.strategy.MMTEStrategy", "--trainer.strategy.tp", "0"], 2,
+    "tp_0": _row(["fit", *QUICK, "--trainer.strategy", "mmte.training.strategy.MMTEStrategy", "--trainer.strategy.tp", "0"], 2,
              "ParallelDims.tp must be an int >= 1; got 0"),
-    "val_fraction_1.5": (["fit", *QUICK, "--data.init_args.val_fraction", "1.5"], 2, "val_fraction must be in [0, 1); got 1.5"),
-    "header_only_csv": (["fit", *WINE, "--data.init_args.path", "{fx}/header_only.csv"], 2,
+    "val_fraction_1.5": _row(["fit", *QUICK, "--data.init_args.val_fraction", "1.5"], 2, "val_fraction must be in [0, 1); got 1.5"),
+    "header_only_csv": _row(["fit", *WINE, "--data.init_args.path", "{fx}/header_only.csv"], 2,
                         "table {fx}/header_only.csv has a header (a, b, target) but no data rows, expected at least one row below the header, "
                         "point path at a file with data"),
-    "csv_empty_label": (["fit", *WINE, "--data.init_args.path", "{fx}/nan_label.csv"], 2,
+    "csv_empty_label": _row(["fit", *WINE, "--data.init_args.path", "{fx}/nan_label.csv"], 2,
                         "table {fx}/nan_label.csv: row 12 has no 'target' (None; 1 unlabelled row(s) in all), expected a class in every row, "
                         "fill in or drop those rows"),
-    "csv_1e300": (["fit", *WINE, "--data.init_args.path", "{fx}/big.csv"], 2,
+    "csv_1e300": _row(["fit", *WINE, "--data.init_args.path", "{fx}/big.csv"], 2,
                   "table {fx}/big.csv: row 12, column 'a' is 1e+300 (beyond float32's range (|x| <= 3.4e38), it would become inf; 1 such "
                   "value(s) in all), expected finite numbers (an empty cell is a missing value), fix or drop those rows, or rescale the column"),
-    "csv_inf": (["fit", *WINE, "--data.init_args.path", "{fx}/inf.csv"], 2,
+    "csv_inf": _row(["fit", *WINE, "--data.init_args.path", "{fx}/inf.csv"], 2,
                 "table {fx}/inf.csv: row 12, column 'b' is -inf (not finite; 1 such value(s) in all), expected finite numbers (an empty cell is "
                 "a missing value), fix or drop those rows, or rescale the column"),
-    "ett_too_short": (["fit", *ETT, "--data.init_args.path", "{fx}/ett_short.csv"], 2,
+    "ett_too_short": _row(["fit", *ETT, "--data.init_args.path", "{fx}/ett_short.csv"], 2,
                       "{fx}/ett_short.csv has 50 rows: its train part (rows 0..35, 35 rows) is too short for one window of input_len 96 + "
                       "horizon 24, expected at least 120 rows per part (borders [0, 35, 40, 50]), use a longer file, a smaller "
                       "--data.init_args.input_len / horizon, or set borders"),
-    "ett_nan": (["fit", *ETT, "--data.init_args.path", "{fx}/ett_nan.csv"], 2,
+    "ett_nan": _row(["fit", *ETT, "--data.init_args.path", "{fx}/ett_nan.csv"], 2,
                 "{fx}/ett_nan.csv: row 130, column 'b' is nan (not finite; 1 such value(s) in all), expected finite numbers, fix or drop those "
                 "rows, or rescale the column"),
-    "ett_text_column": (["fit", *ETT, "--data.init_args.path", "{fx}/ett_text.csv"], 2,
+    "ett_text_column": _row(["fit", *ETT, "--data.init_args.path", "{fx}/ett_text.csv"], 2,
                         "re:{fx}/ett_text.csv: column 'b' is not numeric \\(.*\\), expected numeric columns besides the time column, select "
                         "numeric columns with columns: \\[...\\] or set time_column"),
-    "wav_nan_sample": (["fit", *FSDD, "--data.init_args.data_dir", "{fx}/wavs", "--data.init_args.val_regex", "_[01]\\.wav$"], 2,
+    "wav_nan_sample": _row(["fit", *FSDD, "--data.init_args.data_dir", "{fx}/wavs", "--data.init_args.val_regex", "_[01]\\.wav$"], 2,
                        "audio file {fx}/wavs/1_x_9.wav has a non-finite sample (nan) at index 1234 of 4000 (1 in all), expected finite "
                        "samples, replace or drop the file, or set on_corrupt: skip to drop such files"),
-    "malformed_safetensors": (["fit", *QUICK, "--model.backbone_weights", "{fx}/bad.safetensors"], 2,
+    "malformed_safetensors": _row(["fit", *QUICK, "--model.backbone_weights", "{fx}/bad.safetensors"], 2,
                               "weights file {fx}/bad.safetensors is malformed or truncated (SafetensorError: Error while deserializing header: "
                               "invalid header length), expected a complete safetensors file of tensors, replace it (e.g. write it again with "
                               "mmte convert)"),
-    "nan_in_weights": (["fit", *QUICK, "--model.backbone_weights", "{fx}/nan.safetensors"], 2,
+    "nan_in_weights": _row(["fit", *QUICK, "--model.backbone_weights", "{fx}/nan.safetensors"], 2,
                        "weights file {fx}/nan.safetensors: tensor 'layers.1.self_attention.layernorm_qkv.linear.weight' [192, 64] holds 1 non-finite "
                        "value(s) (first: nan at flat index 327), expected finite weights, use an intact copy of the weights"),
-    "truncated_checkpoint": (["validate", *WINE, "--ckpt_path", "{fx}/truncated.ckpt"], 2,
+    "truncated_checkpoint": _row(["validate", *WINE, "--ckpt_path", "{fx}/truncated.ckpt"], 2,
                              "--ckpt_path {fx}/truncated.ckpt is not a complete checkpoint (truncated, or not written by torch.save; 5000 bytes), "
                              "expected a .ckpt file written by mmte fit, use another checkpoint (e.g. {root}/checkpoints/best.ckpt) or train again"),
-    "missing_checkpoint": (["validate", *WINE, "--ckpt_path", "{fx}/nope.ckpt"], 2,
+    "missing_checkpoint": _row(["validate", *WINE, "--ckpt_path", "{fx}/nope.ckpt"], 2,
                            "--ckpt_path {fx}/nope.ckpt does not exist, expected a checkpoint file written by mmte fit (or best / last), run mmte "
                            "fit first"),
-    "best_before_any_fit": (["validate", *WINE, "--ckpt_path", "best"], 2,
+    "best_before_any_fit": _row(["validate", *WINE, "--ckpt_path", "best"], 2,
                             "--ckpt_path best: there is no {root}/checkpoints/best.ckpt, expected the best checkpoint of an earlier mmte fit "
                             "with this default_root_dir, run mmte fit first, or pass --ckpt_path <file>"),
-    "checkpoint_other_class_count": (["validate", *WINE, "--data.init_args.path", "{fx}/wine4.csv", "--ckpt_path",
+    "checkpoint_other_class_count": _row(["validate", *WINE, "--data.init_args.path", "{fx}/wine4.csv", "--ckpt_path",
                                       "{fx}/wine_run/checkpoints/best.ckpt"], 2,
                                      "checkpoint {fx}/wine_run/checkpoints/best.ckpt does not fit this model: model.heads.cultivar.mlp.1.weight "
                                      "is [3, 64] in the checkpoint but [4, 64] here (and 1 more); it was trained on data with num_classes=3, "
                                      "expected the recipe and data the checkpoint was trained with (e.g. the same classes), point --data at that "
                                      "data, or train a new model on this data with mmte fit"),
-    "model_flag_disagrees_with_checkpoint": (["validate", *WINE, "--ckpt_path", "{fx}/wine_run/checkpoints/best.ckpt", "--model.freeze",
+    "model_flag_disagrees_with_checkpoint": _row(["validate", *WINE, "--ckpt_path", "{fx}/wine_run/checkpoints/best.ckpt", "--model.freeze",
                                               "backbone"], 2,
                                              "--model.freeze is 'backbone' but the checkpoint {fx}/wine_run/checkpoints/best.ckpt was trained "
                                              "with 'none', expected --model flags that agree with --ckpt_path (the checkpoint defines the "
                                              "model; only backbone_weights, fuse_for_inference, predict_dtype, save_frozen may differ), drop "
                                              "--model.freeze, or train a model with it (mmte fit)"),
-    "convert_unknown_timm_model": (["convert", "--from", "timm", "vit_tiny_patch16_2244", "--checkpoint", "{fx}/bad.safetensors", "--out",
+    "convert_unknown_timm_model": _row(["convert", "--from", "timm", "vit_tiny_patch16_2244", "--checkpoint", "{fx}/bad.safetensors", "--out",
                                     "{root}/x.safetensors"], 2,
                                    "re:unknown timm model 'vit_tiny_patch16_2244', expected one of .* \\(did you mean "
                                    "'vit_tiny_patch16_224'\\?\\), see timm.list_models\\(\\)"),
-    "convert_out_suffix": (["convert", "--from", "named", "minilm-l6", "--out", "{root}/x.pt"], 2,
+    "convert_out_suffix": _row(["convert", "--from", "named", "minilm-l6", "--out", "{root}/x.pt"], 2,
                            "--out must end in .safetensors; got '{root}/x.pt', expected a .safetensors path, use --out {root}/x.safetensors"),
 }
 
@@ -251,10 +254,10 @@ def test_console_exit_status_and_debug_traceback(tmp_path):
     """``python -m mmte`` exits with main's status (it used to print the line and exit 0); MMTE_DEBUG=1 shows the
     traceback instead of the line."""
     cmd = [sys.executable, "-m", "mmte", "fit", *QUICK, "--data.init_args.batch_size", "0", "--trainer.default_root_dir", str(tmp_path / "r")]
-    p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    p = subprocess.run(cmd, check=False, env=_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 2, p.stderr[-2000:]
     assert p.stderr.strip().splitlines()[-1] == "mmte: error: batch_size must be a positive int; got 0" and "Traceback" not in p.stderr
-    d = subprocess.run(cmd, env=_env(MMTE_DEBUG="1"), capture_output=True, text=True, timeout=300)
+    d = subprocess.run(cmd, check=False, env=_env(MMTE_DEBUG="1"), capture_output=True, text=True, timeout=300)
     assert d.returncode == 1 and "Traceback (most recent call last)" in d.stderr, d.stderr[-2000:]
     assert "ValueError: batch_size must be a positive int; got 0" in d.stderr and "mmte: error:" not in d.stderr
     assert not (tmp_path / "r").exists()
@@ -271,7 +274,7 @@ def test_read_only_output_folder(tmp_path):
         kw = {"preexec_fn": _without_root_override} if os.geteuid() == 0 else {}
         cmd = [sys.executable, "-m", "mmte", "fit", *QUICK, "--trainer.default_root_dir", str(ro / "run")]
         try:
-            p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, **kw)
+            p = subprocess.run(cmd, check=False, env=_env(), capture_output=True, text=True, timeout=300, **kw)
         except subprocess.SubprocessError as e:  # no CAP_SETPCAP: root cannot give up its override here
             pytest.skip(f"cannot run without root's permission override: {e}")
         assert p.returncode == 2, p.stderr[-2000:]
@@ -298,8 +301,10 @@ def test_predict_without_checkpoint_warns(tmp_path, capsys):
     assert main(["predict", *QUICK, *FAST, "--trainer.default_root_dir", str(root), "--prediction_writer.print_rows", "0"]) == 0
     warn = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("mmte: warning:")]
     assert warn == [
-        "mmte: warning: predict without --ckpt_path: the heads (digit) and tokenizers are randomly initialised (the backbone too has no "
-        "pretrained weights; the output is meaningless). Pass --ckpt_path best (or a .ckpt written by mmte fit)"
+        (
+            "mmte: warning: predict without --ckpt_path: the heads (digit) and tokenizers are randomly initialised (the backbone too has no "
+            "pretrained weights; the output is meaningless). Pass --ckpt_path best (or a .ckpt written by mmte fit)"
+        )
     ]
 
 
@@ -309,8 +314,10 @@ def test_convert_timm_without_checkpoint_warns(tmp_path, capsys):
     assert main(["convert", "--from", "timm", "vit_tiny_patch16_224", "--out", str(out)]) == 0
     warn = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("mmte: warning:")]
     assert warn == [
-        "mmte: warning: --from timm without --checkpoint writes timm's RANDOM initialisation of vit_tiny_patch16_224 (mmte downloads "
-        "nothing); pass --checkpoint <weights file> for pretrained weights"
+        (
+            "mmte: warning: --from timm without --checkpoint writes timm's RANDOM initialisation of vit_tiny_patch16_224 (mmte downloads "
+            "nothing); pass --checkpoint <weights file> for pretrained weights"
+        )
     ]
     assert out.is_file() and not list(tmp_path.glob(".tmp-*"))
 
@@ -350,7 +357,7 @@ def test_registering_a_builtin_name_first_hides_nothing(tmp_path):
         "try:\n    register_modality('audio', tokenizer=Tok)\nexcept UsageError as e:\n    print('ERR', e)\n"
         "print(list_modalities())\n"
     )
-    p = subprocess.run([sys.executable, "-c", code], env=_env(PYTHONPATH=os.pathsep.join([str(tmp_path), R])), capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-c", code], check=False, env=_env(PYTHONPATH=os.pathsep.join([str(tmp_path), R])), capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     out = p.stdout.strip().splitlines()
@@ -368,7 +375,7 @@ def test_plugin_entry_point_clash_names_both_sources(tmp_path):
     (site / "clash_plugin-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: clash-plugin\nVersion: 0.1\n")
     (site / "clash_plugin-0.1.dist-info" / "entry_points.txt").write_text("[mmte.modalities]\naudio = clash_plugin:Tok\n")
     (site / "clash_plugin.py").write_text(PLUGIN)
-    p = subprocess.run([sys.executable, "-m", "mmte", "modalities"], env=_env(PYTHONPATH=os.pathsep.join([str(site), R])), capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "mmte", "modalities"], check=False, env=_env(PYTHONPATH=os.pathsep.join([str(site), R])), capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert p.stderr.strip().splitlines()[-1] == (

@@ -29,10 +29,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "Encoder",
+    "deinterleave_qkv",
     "from_hf",
     "from_timm",
     "interleave_qkv",
-    "deinterleave_qkv",
     "load_meta_transformer",
     "load_state_dict_file",
     "load_strict",
@@ -364,7 +364,7 @@ def open_clip_to_mmte(
     extra = {"norm_pre.weight": sd["ln_pre.weight"], "norm_pre.bias": sd["ln_pre.bias"], "norm.weight": sd["ln_post.weight"], "norm.bias": sd["ln_post.bias"]}
     backbone = _build(config, layers, extra, fused, "OpenCLIP visual transformer")
     pos = sd["positional_embedding"]
-    grid = int(round((pos.shape[0] - 1) ** 0.5))
+    grid = round((pos.shape[0] - 1) ** 0.5)
     tok = ImageTokenizer(d, grid * patch, patch, in_chans, patch_bias=False)
     load_strict(tok, {"proj.weight": conv, "cls_token": sd["class_embedding"].reshape(1, 1, d), "pos_embed": pos[None]}, "OpenCLIP patch embedding")
     return Encoder(tok, backbone)
@@ -475,9 +475,9 @@ def _from_hf_bert(model: nn.Module, fused: bool) -> Encoder:
     names = _pick_names(
         sd,
         [
-            dict(layer="encoder.layer.{i}.", q="attention.self.query", k="attention.self.key", v="attention.self.value",
-                 o="attention.output.dense", n1="attention.output.LayerNorm", n2="output.LayerNorm",
-                 fc1="intermediate.dense", fc2="output.dense"),
+            {"layer": "encoder.layer.{i}.", "q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
+                 "o": "attention.output.dense", "n1": "attention.output.LayerNorm", "n2": "output.LayerNorm",
+                 "fc1": "intermediate.dense", "fc2": "output.dense"},
         ],
     )
     n = cfg.num_hidden_layers
@@ -511,11 +511,11 @@ def _from_hf_vit(model: nn.Module, fused: bool) -> Encoder:
     names = _pick_names(
         sd,
         [
-            dict(layer="layers.{i}.", q="attention.q_proj", k="attention.k_proj", v="attention.v_proj", o="attention.o_proj",
-                 n1="layernorm_before", n2="layernorm_after", fc1="mlp.fc1", fc2="mlp.fc2"),
-            dict(layer="encoder.layer.{i}.", q="attention.attention.query", k="attention.attention.key",
-                 v="attention.attention.value", o="attention.output.dense", n1="layernorm_before", n2="layernorm_after",
-                 fc1="intermediate.dense", fc2="output.dense"),
+            {"layer": "layers.{i}.", "q": "attention.q_proj", "k": "attention.k_proj", "v": "attention.v_proj", "o": "attention.o_proj",
+                 "n1": "layernorm_before", "n2": "layernorm_after", "fc1": "mlp.fc1", "fc2": "mlp.fc2"},
+            {"layer": "encoder.layer.{i}.", "q": "attention.attention.query", "k": "attention.attention.key",
+                 "v": "attention.attention.value", "o": "attention.output.dense", "n1": "layernorm_before", "n2": "layernorm_after",
+                 "fc1": "intermediate.dense", "fc2": "output.dense"},
         ],
     )
     n = cfg.num_hidden_layers
@@ -547,8 +547,8 @@ def _from_hf_clip_vision(model: nn.Module, fused: bool) -> Encoder:
     names = _pick_names(
         sd,
         [
-            dict(layer="encoder.layers.{i}.", q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj",
-                 o="self_attn.out_proj", n1="layer_norm1", n2="layer_norm2", fc1="mlp.fc1", fc2="mlp.fc2"),
+            {"layer": "encoder.layers.{i}.", "q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
+                 "o": "self_attn.out_proj", "n1": "layer_norm1", "n2": "layer_norm2", "fc1": "mlp.fc1", "fc2": "mlp.fc2"},
         ],
     )
     n = cfg.num_hidden_layers

@@ -55,7 +55,7 @@ from .recipes import MXFP8, BlockScaling, DelayedScaling, Recipe, delayed_scale
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FP8Linear", "ROLES", "check_bad_amax"]
+__all__ = ["ROLES", "FP8Linear", "check_bad_amax"]
 
 ROLES = ("input", "weight", "grad_output")
 _IN, _W, _GRAD = 0, 1, 2
@@ -241,9 +241,8 @@ class FP8Linear(Linear):
         # a checkpoint saved between a backward and the next forward holds a pending gradient amax:
         # queue it so the next autocast entry applies it, exactly as in the run that saved it
         p = self.fp8_amax_pending
-        if present["fp8_amax_pending"] and isinstance(self.fp8_recipe, DelayedScaling) and p.device.type != "meta":
-            if bool(p[_GRAD] != 0):
-                _register_backward(self, self.fp8_recipe, None)
+        if present["fp8_amax_pending"] and isinstance(self.fp8_recipe, DelayedScaling) and p.device.type != "meta" and bool(p[_GRAD] != 0):
+            _register_backward(self, self.fp8_recipe, None)
 
     # --- quantization --------------------------------------------------------------------------------
     def _ensure_history(self, length: int) -> None:
@@ -431,7 +430,10 @@ def check_bad_amax(modules: list[FP8Linear]) -> None:
     mods = [m for m in modules if isinstance(m, FP8Linear) and isinstance(m.fp8_recipe, DelayedScaling) and hasattr(m, "fp8_bad_amax")]
     if not mods:
         return
-    counts = torch.stack([m.fp8_bad_amax for m in mods])  # [M, 2, 3]
+    def local(t: torch.Tensor) -> torch.Tensor:  # TP turns the buffers into (replicated) DTensors
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    counts = torch.stack([local(m.fp8_bad_amax) for m in mods])  # [M, 2, 3]
     run, total = (int(v) for v in counts.amax(dim=(0, 2)).tolist())
     if total == 0:
         return
@@ -444,16 +446,16 @@ def check_bad_amax(modules: list[FP8Linear]) -> None:
         logger.info("FP8 delayed scaling: an amax of 0 (an all-zero tensor); the previous scale was kept")
     if run == 0:
         return
-    for m in mods:
+    for m, c in zip(mods, counts):
         limit = m.fp8_recipe.max_bad_amax_steps
-        worst = int(m.fp8_bad_amax[0].max())
+        worst = int(c[0].max())
         if limit and worst >= limit:
             from ..errors import RunError
 
-            role = ROLES[int(m.fp8_bad_amax[0].argmax())]
+            role = ROLES[int(c[0].argmax())]
             raise RunError(
                 f"FP8 delayed scaling saw a non-finite amax (inf/NaN) in {worst} consecutive updates of the {role} of "
-                f"FP8Linear({m.in_features}, {m.out_features}) (scale kept at {float(m.fp8_scale[ROLES.index(role)]):.4g})",
+                f"FP8Linear({m.in_features}, {m.out_features}) (scale kept at {float(local(m.fp8_scale)[ROLES.index(role)]):.4g})",
                 "expected finite activations and gradients (the model or the loss has diverged)",
                 "lower --model.lr or check the data; to tolerate more, raise max_bad_amax_steps in the precision fragment's recipe_args",
             )

@@ -50,11 +50,11 @@ from .formats import Format, get_format
 
 __all__ = [
     "GEMM_CHOICES",
+    "MXFP8",
     "RECIPES",
     "BlockScaling",
     "CurrentScaling",
     "DelayedScaling",
-    "MXFP8",
     "Recipe",
     "delayed_scale",
     "make_recipe",

@@ -64,7 +64,7 @@ class AudioTokenizer(ModalityTokenizer):
         self.sample_rate, self.fbank_mean, self.fbank_std = sample_rate, fbank_mean, fbank_std
         self.freq_grid = _grid(num_mel_bins, patch_size, stride)
         self.max_time_grid = _grid(max_frames, patch_size, stride)
-        kw = dict(device=device, dtype=params_dtype)
+        kw = {"device": device, "dtype": params_dtype}
         self.proj = nn.Conv2d(1, dim, patch_size, stride, **kw)
         self.cls_token = nn.Parameter(torch.empty(1, 1, dim, **kw)) if cls_token else None
         self.num_prefix_tokens = int(cls_token)

@@ -3,7 +3,6 @@ resampled (bicubic) for other resolutions."""
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -88,7 +87,7 @@ class ImageTokenizer(ModalityTokenizer):
         self.in_chans = in_chans
         self.no_embed_class = no_embed_class
         self.dynamic_img_size = dynamic_img_size
-        kw = dict(device=device, dtype=params_dtype)
+        kw = {"device": device, "dtype": params_dtype}
         self.proj = nn.Conv2d(in_chans, dim, self.patch_size, self.patch_size, bias=patch_bias, **kw)
         self.cls_token = nn.Parameter(torch.empty(1, 1, dim, **kw)) if cls_token else None
         self.reg_token = nn.Parameter(torch.empty(1, num_reg_tokens, dim, **kw)) if num_reg_tokens else None

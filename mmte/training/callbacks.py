@@ -122,7 +122,8 @@ class MMTECheckpoint(ModelCheckpoint):
         self._auto = monitor == "auto"
         if filename is None and save_top_k == 1:
             filename = self.BEST
-        super().__init__(monitor=None if self._auto else monitor, mode=mode, save_last=save_last, save_top_k=save_top_k, filename=filename,
+        # "auto" stays a placeholder name until setup() knows the module's primary metric
+        super().__init__(monitor=monitor, mode=mode, save_last=save_last, save_top_k=save_top_k, filename=filename,
                          enable_version_counter=enable_version_counter, **kwargs)
         self._last_saved_step = -1
         self._nonfinite_warned = False

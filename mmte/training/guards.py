@@ -244,10 +244,18 @@ class _SkippingSampler(Sampler[int]):
 class ResumableDataLoader(DataLoader):
     """A ``DataLoader`` with ``state_dict``/``load_state_dict``: where in which epoch it stopped.
 
-    Same arguments as ``DataLoader`` (it must be built with ``batch_size``, i.e. a ``BatchSampler``).
+    Same arguments as ``DataLoader`` (it must be built with ``batch_size``, i.e. a ``BatchSampler``). Without a
+    ``generator`` it uses its own, seeded from the sampler's (seed, epoch) at every iteration: starting an
+    iteration then draws nothing from torch's global generator (a plain ``DataLoader`` draws its workers' base
+    seed from it), so where Lightning happens to create the iterator -- before or after the module re-seeds at
+    an epoch start, which differs between a fresh and a resumed run -- cannot change dropout masks, and
+    worker seeds depend on the epoch only.
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
+        self._own_generator = kwargs.get("generator") is None
+        if self._own_generator:
+            kwargs["generator"] = torch.Generator()
         super().__init__(*args, **kwargs)
         self._last_iter = None
         bs = self.batch_sampler
@@ -255,6 +263,9 @@ class ResumableDataLoader(DataLoader):
             bs.sampler = _SkippingSampler(bs.sampler)
 
     def __iter__(self):
+        if self._own_generator:
+            epoch = int(getattr(self.sampler, "epoch", 0))
+            self.generator.manual_seed((int(getattr(self.sampler, "seed", 0)) * 1_000_003 + epoch + 7_919) % (2**63))
         it = super().__iter__()
         self._last_iter = it
         return it
