@@ -143,7 +143,11 @@ def _cli_class():
             self._ckpt = _load_checkpoint(path, folder)
             hparams = dict((self._ckpt or {}).get("hyper_parameters") or {})
             hparams.pop("_instantiator", None)
-            if not hparams or "_class_path" in hparams:
+            if not hparams:
+                return
+            if "_class_path" in hparams:  # a LightningModule subclass saved by LightningCLI (as Lightning does it)
+                hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
+                self.config = self.parser.parse_object({sub: {"model": hparams}}, self.config)
                 return
             given = _explicit_model_flags(self._argv)
             mine = _plain(c.get("model"))

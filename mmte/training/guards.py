@@ -140,6 +140,7 @@ class TrainingGuard(Callback):
             # Lightning's own SIGTERM handler (set up before this hook) only stops after the step, exits 0
             # and saves nothing: mmte's replaces it; Lightning's teardown restores the previous handlers.
             self._restore_handlers = _signals.install()
+            _signals.clear()  # nothing left over from an earlier fit in this process
             _signals.defer(True)
 
     def _stop_signal(self, trainer: Trainer) -> int | None:
