@@ -113,8 +113,7 @@ ROWS: dict[str, tuple[list[str], int, str]] = {
                     "re:--config {R}/recipes/quickstrt.yaml does not exist, expected a recipe or fragment YAML file \\(in {R}/recipes: "
                     ".*quickstart.yaml.*\\), did you mean {R}/recipes/quickstart.yaml\\?"),
     "unknown_command": _row(["fitt", *QUICK], 2,
-                        "unknown command 'fitt', expected one of convert, fit, modalities, predict, test, validate (did you mean 'fit'?), "
-                        "see mmte --help"),
+                        "unknown command 'fitt', expected one of {commands} (did you mean 'fit'?), see mmte --help"),
     "unknown_option": _row(["fit", *QUICK, "--model.lrr", "0.1"], 2,
                        "unknown option --model.lrr, expected an option listed by mmte fit --help (did you mean --model.lr?), fix the spelling "
                        "or drop it"),
@@ -207,7 +206,10 @@ ROWS: dict[str, tuple[list[str], int, str]] = {
 
 
 def _fill(s: str, fx: Path, root: Path) -> str:
-    return s.replace("{fx}", str(fx)).replace("{root}", str(root)).replace("{R}", R)
+    from mmte.cli import _LIGHTNING_COMMANDS, COMMANDS
+
+    commands = ", ".join(sorted([*_LIGHTNING_COMMANDS, *COMMANDS]))
+    return s.replace("{fx}", str(fx)).replace("{root}", str(root)).replace("{R}", R).replace("{commands}", commands)
 
 
 @pytest.mark.parametrize("case", list(ROWS), ids=list(ROWS))

@@ -153,6 +153,15 @@ class TrainingGuard(Callback):
         return sig or None
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.check_loss and not pl_module.automatic_optimization:
+            # manual optimisation (e.g. the pipeline schedule) has no backward hook: check the returned loss after the step
+            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+            if isinstance(loss, torch.Tensor):
+                bad = not bool(torch.isfinite(loss.detach()).all())
+                if self._any_rank(trainer, bad):
+                    raise RunError(f"the training loss is {loss.detach().float().reshape(-1)[0].item()} at step {trainer.global_step} "
+                                   f"(epoch {trainer.current_epoch}, batch {batch_idx}; manual optimisation: after its optimizer step)",
+                                   "expected a finite loss", "lower --model.lr or check the data for NaN/inf values")
         sig = self._stop_signal(trainer)
         if sig is None or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
             return  # last batch of the epoch: finish it (validation, epoch checkpoint), stop at the epoch end
