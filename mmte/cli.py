@@ -584,10 +584,23 @@ COMMANDS = {"modalities": modalities_main, "convert": convert_main}
 
 
 # ------------------------------------------------------------------------------------------ main
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is now (a handler bound to the stderr of its creation breaks when a
+    caller, e.g. a test harness, swaps and closes it between commands)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def _setup_logging() -> None:
     mlog = logging.getLogger("mmte")
     if not mlog.handlers:  # one line per transformation applied (DESIGN.md house style)
-        h = logging.StreamHandler()
+        h = _StderrHandler()
         h.setFormatter(logging.Formatter("mmte: %(message)s"))
         mlog.addHandler(h)
         mlog.setLevel(logging.INFO)

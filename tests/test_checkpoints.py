@@ -10,7 +10,12 @@ import hashlib
 import textwrap
 from pathlib import Path
 
+# datasets, lightning, torchmetrics: imported while pytest collects, so the log handlers they add bind to the
+# session's stderr, not to the capsys stream of the test that imports them first (closed after it)
+import datasets  # noqa: F401
+import lightning.pytorch  # noqa: F401
 import torch
+import torchmetrics  # noqa: F401
 
 from mmte.cli import main
 

@@ -14,8 +14,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+# datasets, lightning, torchmetrics: imported while pytest collects, so the log handlers they add bind to the
+# session's stderr, not to the capsys stream of the test that imports them first (closed after it)
+import datasets  # noqa: F401
+import lightning.pytorch  # noqa: F401
 import numpy as np
 import pytest
+import torchmetrics  # noqa: F401
 
 from mmte.cli import main
 
