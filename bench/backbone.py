@@ -1,4 +1,4 @@
-"""Backbone speed and memory: mmte eager / mmte fused vs timm eager / timm + torch.compile.
+"""Backbone speed and memory: mmte (fp32 eager / fused, bf16 path) vs timm (eager, compiled, bf16 autocast).
 
 All variants run the same weights (the mmte encoder is converted from the timm model) on the same input,
 in one process, interleaved round by round so background load hits them alike; the reported time is
@@ -9,8 +9,15 @@ The machine's matmul rate is measured in the same run with ``F.linear`` at the l
 shapes (QKV, projection, fc1, fc2), same dtype; achieved GFLOP/s counts the GEMMs, the attention
 matmuls and the patch embedding (a training step counts 3x the forward).
 
+Variants: ``timm_eager``, ``timm_compile`` (fp32), ``timm_bf16_autocast`` (timm under
+``torch.autocast(bfloat16)``), ``mmte_eager``, ``mmte_fused`` (fp32) and ``mmte_bf16`` (mmte under the same
+autocast, which switches its backbone to the bf16 path of :mod:`mmte.te.lowp`: what ``precision:
+bf16-mixed`` / ``auto`` runs). The bf16 variants run only with ``--dtype fp32`` (their parameters stay
+fp32 master weights). Each table row gives the ratio to timm eager and to timm under bf16 autocast.
+
 Usage::
 
+    python bench/backbone.py --configs vit-s16 --rounds 5   # CPU: the bf16 path vs timm
     python bench/backbone.py                       # CPU, fp32: ViT-B/16 shapes + small
     python bench/backbone.py --device cuda --dtype bf16 --depth 12
 """
@@ -18,6 +25,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -36,7 +44,8 @@ from mmte import device as mdev  # noqa: E402
 from mmte.encoders import from_timm  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-VARIANTS = ("timm_eager", "timm_compile", "mmte_eager", "mmte_fused")
+VARIANTS = ("timm_eager", "timm_compile", "timm_bf16_autocast", "mmte_eager", "mmte_fused", "mmte_bf16")
+AUTOCAST = ("timm_bf16_autocast", "mmte_bf16")
 
 
 @dataclass
@@ -55,6 +64,7 @@ class Shape:
 
 SHAPES = {
     "vit-b16": Shape("vit-b16", 12, 768, 12),
+    "vit-s16": Shape("vit-s16", 12, 384, 6),
     "small": Shape("small", 4, 384, 6),
 }
 
@@ -106,12 +116,13 @@ def build(variant: str, s: Shape, dtype, dev):
     return model
 
 
-def make_step(model, x, train: bool):
+def make_step(model, x, train: bool, autocast: bool = False):
+    ctx = (lambda: torch.autocast(x.device.type, dtype=torch.bfloat16)) if autocast else contextlib.nullcontext
     if not train:
         model.eval()
 
         def fwd():
-            with torch.inference_mode():
+            with torch.inference_mode(), ctx():
                 return model.forward_features(x)
 
         return fwd
@@ -120,7 +131,8 @@ def make_step(model, x, train: bool):
 
     def step():
         opt.zero_grad(set_to_none=True)
-        out = model.forward_features(x)
+        with ctx():
+            out = model.forward_features(x)
         out.float().pow(2).mean().backward()
         opt.step()
 
@@ -133,24 +145,24 @@ def time_variants(s: Shape, args, dtype, dev) -> dict:
     for train in (False, True):
         mode = "train" if train else "forward"
         steps = {}
-        for v in VARIANTS:
+        for v in args.variants:
             model = build(v, s, dtype, dev)
-            fn = make_step(model, x, train)
+            fn = make_step(model, x, train, v in AUTOCAST)
             t0 = time.perf_counter()
             for _ in range(args.warmup):
                 fn()
             mdev.synchronize(dev)
             steps[v] = (fn, time.perf_counter() - t0)
-        times = {v: [] for v in VARIANTS}
+        times = {v: [] for v in args.variants}
         for _ in range(args.rounds):  # interleaved rounds
-            for v in VARIANTS:
+            for v in args.variants:
                 fn = steps[v][0]
                 mdev.synchronize(dev)
                 t = time.perf_counter()
                 fn()
                 mdev.synchronize(dev)
                 times[v].append(time.perf_counter() - t)
-        for v in VARIANTS:
+        for v in args.variants:
             results[(mode, v)] = {"median_s": statistics.median(times[v]), "min_s": min(times[v]), "warmup_s": steps[v][1]}
         del steps
     return results
@@ -163,7 +175,7 @@ def peak_memory_child(variant: str, shape: str, depth: int, batch: int, dtype: s
     d = torch.device(dev)
     model = build(variant, s, DTYPES[dtype], d)
     x = torch.randn(batch, 3, s.img, s.img, device=d, dtype=DTYPES[dtype])
-    fn = make_step(model, x, train)
+    fn = make_step(model, x, train, variant in AUTOCAST)
     fn()  # compile / allocate once
     if d.type == "cpu":
         # VmHWM is the peak RSS of this process image (ru_maxrss would include the parent's, inherited
@@ -211,17 +223,30 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--no-memory", action="store_true")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of %(default)s")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--json", default="bench/results/backbone.json")
     p.add_argument("--_child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_train", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     args.dtype = args.dtype or ("fp32" if args.device == "cpu" else "bf16")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        p.error(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
+    if args.dtype != "fp32":  # autocast variants need fp32 master weights
+        args.variants = [v for v in args.variants if v not in AUTOCAST]
+    if "timm_eager" not in args.variants:
+        args.variants.insert(0, "timm_eager")
     if args._child:
         peak_memory_child(args._child, args.configs, args.depth, args.batch, args.dtype, args.device, args._train)
         return
     dev = torch.device(args.device)
     dtype = DTYPES[args.dtype]
-    print(f"device={mdev.info(dev).name} ({args.device}), dtype={args.dtype}, torch threads={torch.get_num_threads()}, batch={args.batch}")
+    where = mdev.describe() if dev.type == "cpu" else f"device={mdev.info(dev).name}"
+    print(f"{where}; {args.device}, dtype={args.dtype}, torch threads={torch.get_num_threads()}, batch={args.batch}")
     report = []
     for name in args.configs.split(","):
         base = SHAPES[name]
@@ -231,22 +256,25 @@ def main() -> None:
         res = time_variants(s, args, dtype, dev)
         print(f"\n## {s.name}: {s.depth} layers x {s.dim}, {s.heads} heads, batch {args.batch} x {s.tokens} tokens; "
               f"matmul rate at the layer's GEMM shapes: {rate:.1f} GFLOP/s")
-        print("| mode | variant | ms/step | samples/s | GFLOP/s | % of matmul rate | vs timm eager | vs timm compile | step peak MiB |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| mode | variant | ms/step | samples/s | GFLOP/s | % of matmul rate | vs timm eager | vs timm compile | "
+              "vs timm bf16 autocast | step peak MiB |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        nan = {"median_s": float("nan")}
         for mode, mult in (("forward", 1), ("train", 3)):
             te_ = res[(mode, "timm_eager")]["median_s"]
-            tc_ = res[(mode, "timm_compile")]["median_s"]
-            for v in VARIANTS:
+            tc_ = res.get((mode, "timm_compile"), nan)["median_s"]
+            ta_ = res.get((mode, "timm_bf16_autocast"), nan)["median_s"]
+            for v in args.variants:
                 t = res[(mode, v)]["median_s"]
                 gflops = mult * flops / t / 1e9
                 mem = None if args.no_memory else peak_memory(v, s, args, mode == "train")
                 row = dict(shape=s.name, depth=s.depth, dim=s.dim, batch=args.batch, tokens=s.tokens, mode=mode, variant=v,
                            ms=t * 1e3, samples_per_s=args.batch / t, gflops=gflops, matmul_gflops=rate,
-                           pct_matmul=100 * gflops / rate, vs_timm_eager=te_ / t, vs_timm_compile=tc_ / t,
+                           pct_matmul=100 * gflops / rate, vs_timm_eager=te_ / t, vs_timm_compile=tc_ / t, vs_timm_bf16_autocast=ta_ / t,
                            peak_bytes=mem, device=args.device, dtype=args.dtype)
                 report.append(row)
                 print(f"| {mode} | {v} | {t * 1e3:.1f} | {args.batch / t:.2f} | {gflops:.1f} | {row['pct_matmul']:.1f}% | "
-                      f"{row['vs_timm_eager']:.3f}x | {row['vs_timm_compile']:.3f}x | "
+                      f"{row['vs_timm_eager']:.3f}x | {row['vs_timm_compile']:.3f}x | {row['vs_timm_bf16_autocast']:.3f}x | "
                       f"{'n/a' if mem is None else f'{mem / 2**20:.0f}'} |")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=1))

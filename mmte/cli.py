@@ -10,6 +10,9 @@
     mmte fit      --config recipes/quickstart.yaml --print_config            # the merged configuration
     mmte modalities                                                          # registered modalities
     mmte convert  --from hf /path/to/bert --out bert.safetensors             # weights -> mmte file
+    mmte export   --config recipes/quickstart.yaml --ckpt_path last.ckpt --format onnx --out model.onnx
+    mmte env                                                                 # versions, device, CPU flags
+    mmte fit      --config recipes/quickstart.yaml --precision auto          # bf16 where the CPU has it
 
 Defaults the recipes build on: a progress bar, a CSV logger in ``<default_root_dir>/logs/version_N``
 (config.yaml beside it), :class:`~mmte.training.callbacks.MMTECheckpoint` writing
@@ -40,11 +43,21 @@ from typing import Any
 
 from .errors import MMTEError, UnknownNameError, UsageError, closest
 
-__all__ = ["MMTECLI", "convert_main", "describe_error", "main", "modalities_main", "modalities_table"]  # noqa: F822 (MMTECLI: lazy)
+__all__ = [  # noqa: F822 (MMTECLI: lazy)
+    "MMTECLI",
+    "convert_main",
+    "describe_error",
+    "env_main",
+    "env_report",
+    "export_main",
+    "main",
+    "modalities_main",
+    "modalities_table",
+]
 
 logger = logging.getLogger("mmte")
 
-_OVERVIEW = """usage: mmte {fit,validate,test,predict,modalities,convert} ...
+_OVERVIEW = """usage: mmte {fit,validate,test,predict,modalities,convert,export,env} ... | mmte --version
 
 Fine-tune Meta-Transformer-style multimodal models from recipe files.
 
@@ -57,6 +70,8 @@ commands:
   predict      write predictions of a checkpoint to CSV/JSON (--ckpt_path, --prediction_writer.output)
   modalities   list the registered modalities, their tokenizers and default heads
   convert      turn timm / Hugging Face / Meta-Transformer weights into an mmte .safetensors file
+  export       write a checkpoint's model as ONNX or a torch.export program, checked against eager
+  env          versions (mmte, torch, lightning, timm, onnxruntime), device, CPU flags, threads
 
 `mmte <command> --help` explains a command's options; `--print_config` shows a merged recipe.
 Exit status: 0 done, 2 bad input, 1 the run failed, 130/143 stopped by SIGINT/SIGTERM (checkpoint saved).
@@ -103,6 +118,13 @@ def _cli_class():
             parser.add_lightning_class_args(MMTECheckpoint, "checkpoint")
             parser.add_lightning_class_args(PredictionWriter, "prediction_writer")
             parser.link_arguments("data.model_info", "model.data_info", apply_on="instantiate")
+            parser.add_argument(
+                "--precision",
+                type=str | None,
+                default=None,
+                help="auto: bf16-mixed where the CPU (avx512_bf16/AMX) or GPU has native bf16, else 32-true; "
+                "any other value is passed to trainer.precision",
+            )
 
         def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
             try:
@@ -187,6 +209,7 @@ def _cli_class():
                 ]}
             if c.checkpoint.dirpath is None:
                 c.checkpoint.dirpath = os.path.join(root, "checkpoints")
+            _resolve_precision(c)
             if self.subcommand in ("validate", "test", "predict") and not c.get("ckpt_path"):
                 _warn_untrained(self.subcommand, c.model)
 
@@ -200,6 +223,11 @@ def _cli_class():
             ckpt_dir = self.config_init[subcommand].checkpoint.dirpath if subcommand in self.config_init else None
             before = set(os.listdir(ckpt_dir)) if ckpt_dir and os.path.isdir(ckpt_dir) else set()
             try:
+                strategy = self.trainer.strategy
+                if callable(getattr(strategy, "preflight", None)):  # refuse what cannot work before any process starts
+                    strategy.preflight(self.model, self.trainer.num_nodes * self.trainer.num_devices, subcommand)
+                elif subcommand in self.config_init:
+                    self._consolidate_folder_checkpoint(subcommand)
                 super()._run_subcommand(subcommand)
             except BaseException:
                 # nothing half-written: folders this run created go, unless a checkpoint was saved
@@ -210,6 +238,19 @@ def _cli_class():
                             shutil.rmtree(d, ignore_errors=True)
                 raise
 
+        def _consolidate_folder_checkpoint(self, subcommand: str) -> None:
+            """A distributed checkpoint folder given to a single-process run is consolidated into a portable
+            file first (what ``mmte convert`` does), so any checkpoint is usable on one process."""
+            ckpt = self.config_init[subcommand].get("ckpt_path")
+            if not ckpt or not os.path.isdir(str(ckpt)):
+                return
+            from .training.portable import consolidate
+
+            out = os.path.join(self.trainer.default_root_dir, f"{os.path.basename(os.path.normpath(str(ckpt)))}.consolidated.ckpt")
+            consolidate(ckpt, out)
+            logger.info("consolidated the distributed checkpoint %s into %s for this single-process run", ckpt, out)
+            self.config_init[subcommand]["ckpt_path"] = out
+
     return MMTECLI
 
 
@@ -217,6 +258,37 @@ def __getattr__(name: str):
     if name == "MMTECLI":
         return _cli_class()
     raise AttributeError(name)
+
+
+def _resolve_precision(c: Any) -> None:
+    """Map the top-level ``precision`` (``auto`` or a Lightning value) onto ``trainer.precision`` and log
+    the run header: CPU, the flags that matter, threads, and the precision chosen (and why)."""
+    from . import device as mdev
+
+    want = c.get("precision")
+    plugins = c.trainer.get("plugins") or []
+    plugins = plugins if isinstance(plugins, list) else [plugins]
+    owner = next((p for p in plugins if "precision" in str(getattr(p, "class_path", p)).lower()), None)
+    if owner is not None and want is not None:
+        # a precision plugin (e.g. configs/precision/fp8-*.yaml) decides; 'precision' would clash with it
+        logger.info("precision %s: %s decides (from trainer.plugins)", want, getattr(owner, "class_path", owner))
+        want = None
+    accel = str(c.trainer.accelerator or "auto")
+    dev = "cpu" if accel == "cpu" or not any(mdev.is_available(t) for t in ("cuda", "musa")) else mdev.default_device().type
+    why = "trainer.precision"
+    if want is not None:
+        if want == "auto":
+            prec, reason = mdev.choose_precision(dev)
+            why = f"auto: {reason}"
+        else:
+            prec, why = want, "precision"
+        c.trainer.precision = prec
+    header = mdev.describe() if dev == "cpu" else f"device {mdev.info(dev).name}"
+    if owner is not None:
+        prec, why = str(getattr(owner, "class_path", owner)).rsplit(".", 1)[-1], "trainer.plugins"
+    else:
+        prec = c.trainer.precision or "32-true"
+    logger.info("%s, precision %s (%s)", header, prec, why)
 
 
 # --------------------------------------------------------------------------------- checks
@@ -527,14 +599,31 @@ def convert_main(argv: list[str]) -> int:
             "BackboneConfig in the metadata). Use it in a recipe as model.backbone_weights: <file>."
         ),
     )
-    p.add_argument("--from", dest="kind", required=True, choices=["hf", "timm", "meta-transformer", "named"],
+    p.add_argument("--from", dest="kind", choices=["hf", "timm", "meta-transformer", "named", "dcp"],
                    help="hf: a local Hugging Face BERT/ViT/CLIP-vision folder; timm: a timm model name (with --checkpoint); "
-                        "meta-transformer: the release's .pth; named: a named source such as minilm-l6")
+                        "meta-transformer: the release's .pth; named: a named source such as minilm-l6; dcp: a distributed "
+                        "checkpoint folder (save_distributed_checkpoint: true) -> one portable .ckpt (inferred for such a folder)")
     p.add_argument("source", help="folder, model name, file or named source")
-    p.add_argument("--out", required=True, help="output .safetensors path")
+    p.add_argument("out_path", nargs="?", help="output file (same as --out)")
+    p.add_argument("--out", help="output path: .safetensors (backbone weights) or .ckpt (--from dcp)")
     p.add_argument("--checkpoint", help="timm: local weights file for the model (nothing is downloaded)")
     p.add_argument("--preset", default="meta-transformer-b16", help="meta-transformer: the backbone shape (default %(default)s)")
     a = p.parse_args(argv)
+    a.out = a.out or a.out_path
+    if a.kind is None and os.path.isfile(os.path.join(a.source, ".metadata")):
+        a.kind = "dcp"
+    if a.kind is None or a.out is None:
+        raise UsageError(f"mmte convert {' '.join(argv)} lacks {'--from' if a.kind is None else 'an output path'}",
+                         "expected --from {hf,timm,meta-transformer,named,dcp} and an output path (--out FILE)", "see mmte convert --help")
+    if a.kind == "dcp":
+        if not a.out.endswith(".ckpt"):
+            raise UsageError(f"--out must end in .ckpt for a distributed checkpoint; got {a.out!r}", "expected a .ckpt path",
+                             f"use --out {os.path.splitext(a.out)[0]}.ckpt")
+        from .training.portable import consolidate
+
+        ckpt = consolidate(a.source, a.out)
+        print(f"wrote {a.out}: {len(ckpt['state_dict'])} tensors from the distributed checkpoint {a.source} (usable by one process or any layout)")
+        return 0
     if not a.out.endswith(".safetensors"):
         raise UsageError(f"--out must end in .safetensors; got {a.out!r}", "expected a .safetensors path", f"use --out {os.path.splitext(a.out)[0]}.safetensors")
     import dataclasses
@@ -579,8 +668,63 @@ def convert_main(argv: list[str]) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------------- env
+def env_report() -> list[tuple[str, str]]:
+    """``(name, value)`` rows: package versions, device, CPU model/capability/flags, cores, threads,
+    the precision ``auto`` picks here."""
+    import importlib.metadata as md
+
+    import torch
+
+    from . import __version__
+    from . import device as mdev
+
+    rows = [("mmte", __version__), ("torch", torch.__version__)]
+    for pkg in ("lightning", "timm", "transformers", "onnx", "onnxruntime", "onnxscript"):
+        try:
+            rows.append((pkg, md.version(pkg)))
+        except md.PackageNotFoundError:
+            rows.append((pkg, "not installed"))
+    c = mdev.cpu_info()
+    dev = mdev.default_device().type
+    rows += [
+        ("python", sys.version.split()[0]),
+        ("device", dev if dev == "cpu" else f"{dev} ({mdev.info(dev).name})"),
+        ("cpu", c.model),
+        ("cpu capability", f"{c.capability} (best matrix ISA: {c.isa})"),
+        ("cpu flags", ", ".join(c.flags) or "none of note"),
+        ("cores", f"{c.physical_cores} physical, {c.logical_cores} logical (this process's affinity)"),
+        ("torch threads", str(torch.get_num_threads())),
+        ("precision auto", "{} ({})".format(*mdev.choose_precision(dev))),
+    ]
+    return rows
+
+
+def env_main(argv: list[str]) -> int:
+    """``mmte env``: print the environment report (``--json`` for a JSON object)."""
+    p = argparse.ArgumentParser(prog="mmte env", description="Versions, device, CPU flags and threads, for bug reports and benchmark tables.")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    a = p.parse_args(argv)
+    rows = env_report()
+    if a.json:
+        import json
+
+        print(json.dumps(dict(rows)))
+    else:
+        w = max(len(k) for k, _ in rows)
+        print("\n".join(f"{k.ljust(w)}  {v}" for k, v in rows))
+    return 0
+
+
+def export_main(argv: list[str]) -> int:
+    """``mmte export``: see :func:`mmte.export.export_main`."""
+    from .export import export_main as run
+
+    return run(argv)
+
+
 #: extra (non-Lightning) subcommands: name -> main(argv) -> exit status
-COMMANDS = {"modalities": modalities_main, "convert": convert_main}
+COMMANDS = {"modalities": modalities_main, "convert": convert_main, "env": env_main, "export": export_main}
 
 
 # ------------------------------------------------------------------------------------------ main
@@ -620,6 +764,11 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging()
     if not argv or argv[0] in ("-h", "--help"):
         print(_OVERVIEW)
+        return 0
+    if argv[0] in ("--version", "-V"):
+        from . import __version__
+
+        print(f"mmte {__version__}")
         return 0
     restore = install_cli_signal_handlers()
     try:

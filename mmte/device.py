@@ -3,6 +3,12 @@
 No other module calls ``torch.cuda`` / ``torch.musa`` directly; they ask this module. MUSA support
 comes from ``torch_musa`` (which registers ``torch.musa`` and the ``musa`` device type when imported).
 It is import-guarded: on machines without it, every MUSA branch reports "not available".
+
+CPUs differ more than their names suggest: one with AVX-512 BF16 (or AMX) runs bf16 GEMMs about twice
+as fast as fp32, while an AVX2-only one emulates bf16 and runs it an order of magnitude slower.
+:func:`cpu_info` reads what this CPU has (torch's dispatch capability and ``/proc/cpuinfo``'s flags
+and core topology, no subprocess) and :func:`choose_precision` turns it into the precision a run
+should use, with the reason.
 """
 
 from __future__ import annotations
@@ -10,21 +16,29 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import os
+import platform
 from dataclasses import dataclass
 
 import torch
 
 __all__ = [
+    "BF16_FLAGS",
+    "CPUInfo",
     "DeviceInfo",
     "autocast_dtypes",
     "available_types",
+    "choose_precision",
+    "cpu_info",
     "default_device",
+    "describe",
     "dist_backend",
     "info",
     "is_available",
     "manual_seed",
     "max_memory_allocated",
     "memory_allocated",
+    "parse_cpuinfo",
     "reset_peak_memory_stats",
     "synchronize",
 ]
@@ -169,3 +183,141 @@ def autocast(device: str | torch.device | None, dtype: torch.dtype | None):
         return
     with torch.autocast(device_type=_type(device), dtype=dtype):
         yield
+
+
+# --------------------------------------------------------------------------------- CPU capabilities
+#: cpuinfo flags that mean native bf16 arithmetic (AVX-512 BF16 dot products, AMX tiles).
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+#: the flags worth reporting: what decides the speed of fp32 / bf16 / int8 GEMMs.
+_REPORTED_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16")
+
+
+@dataclass(frozen=True)
+class CPUInfo:
+    """What this CPU can do, as far as mmte's choices go.
+
+    Attributes:
+        model: the model name (``/proc/cpuinfo``'s ``model name``; ``platform.processor()`` elsewhere).
+        capability: torch's CPU dispatch level (``torch.backends.cpu.get_cpu_capability()``: ``"AVX512"``,
+            ``"AVX2"``, ``"DEFAULT"``, ...).
+        flags: the reported subset of the CPU flags (see ``_REPORTED_FLAGS``), sorted.
+        logical_cores: processors this process may run on (its affinity mask).
+        physical_cores: distinct cores among them (hyper-threads counted once).
+    """
+
+    model: str
+    capability: str
+    flags: tuple[str, ...]
+    logical_cores: int
+    physical_cores: int
+
+    @property
+    def bf16(self) -> bool:
+        """Native bf16 arithmetic: AVX-512 BF16 or AMX-BF16."""
+        return any(f in self.flags for f in BF16_FLAGS)
+
+    @property
+    def amx(self) -> bool:
+        return "amx_bf16" in self.flags and "amx_tile" in self.flags
+
+    @property
+    def isa(self) -> str:
+        """The best matrix instruction set: ``"amx"``, ``"avx512_bf16"``, ``"avx512"``, ``"avx2"`` or ``"plain"``."""
+        if self.amx:
+            return "amx"
+        if "avx512_bf16" in self.flags:
+            return "avx512_bf16"
+        if "avx512f" in self.flags or self.capability.startswith("AVX512"):
+            return "avx512"
+        if "avx2" in self.flags or self.capability == "AVX2":
+            return "avx2"
+        return "plain"
+
+
+def parse_cpuinfo(text: str) -> tuple[str, set[str], int | None]:
+    """``(model name, flags, physical cores)`` from the text of ``/proc/cpuinfo``.
+
+    Physical cores are the distinct ``(physical id, core id)`` pairs; None when the file has no
+    topology (some VMs, non-x86 kernels).
+    """
+    model, flags, cores = "", set(), set()
+    phys = core = None
+    for line in text.splitlines() + [""]:
+        if not line.strip():  # end of one processor's block
+            if core is not None:
+                cores.add((phys, core))
+            phys = core = None
+            continue
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "model name" and not model:
+            model = value
+        elif key in ("flags", "Features") and not flags:
+            flags = set(value.split())
+        elif key == "physical id":
+            phys = value
+        elif key == "core id":
+            core = value
+    return model, flags, (len(cores) or None)
+
+
+def _affinity() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - non-Linux
+        return os.cpu_count() or 1
+
+
+@functools.cache
+def cpu_info(path: str = "/proc/cpuinfo") -> CPUInfo:
+    """This machine's :class:`CPUInfo` (cached; pass another ``path`` to read a saved cpuinfo file)."""
+    text = ""
+    with contextlib.suppress(OSError), open(path) as f:
+        text = f.read()
+    model, flags, physical = parse_cpuinfo(text)
+    try:
+        capability = str(torch.backends.cpu.get_cpu_capability())
+    except Exception:  # noqa: BLE001  # pragma: no cover - very old torch
+        capability = "unknown"
+    logical = _affinity()
+    physical = min(physical or logical, logical)
+    return CPUInfo(
+        model=model or platform.processor() or platform.machine(),
+        capability=capability,
+        flags=tuple(sorted(f for f in flags if f in _REPORTED_FLAGS)),
+        logical_cores=logical,
+        physical_cores=max(1, physical),
+    )
+
+
+def choose_precision(device: str | torch.device | None = "cpu", cpu: CPUInfo | None = None) -> tuple[str, str]:
+    """The Lightning precision ``precision: auto`` stands for on ``device``, and why.
+
+    CPU: ``"bf16-mixed"`` when the CPU has native bf16 (AVX-512 BF16 or AMX), else ``"32-true"``
+    (bf16 without those units is emulated and slower than fp32). CUDA/MUSA: ``"bf16-mixed"`` where
+    the device supports bf16, else ``"32-true"``.
+
+    Returns:
+        ``(precision, reason)``.
+    """
+    t = _type(device)
+    if t == "cpu":
+        c = cpu or cpu_info()
+        if c.bf16:
+            native = [f for f in c.flags if f in BF16_FLAGS]
+            return "bf16-mixed", f"the CPU has native bf16 ({', '.join(native)})"
+        return "32-true", f"the CPU has no bf16 units (best: {c.isa}); bf16 would run slower than fp32"
+    if torch.bfloat16 in autocast_dtypes(t):
+        return "bf16-mixed", f"{t} supports bf16"
+    return "32-true", f"{t} has no bf16 support"
+
+
+def describe(cpu: CPUInfo | None = None, threads: int | None = None) -> str:
+    """One line about the CPU: model, torch capability, the flags that matter, cores, threads."""
+    c = cpu or cpu_info()
+    threads = torch.get_num_threads() if threads is None else threads
+    flags = ", ".join(c.flags) or "none of note"
+    return (
+        f"CPU {c.model} ({c.capability}; flags: {flags}; {c.physical_cores} physical / {c.logical_cores} logical cores), "
+        f"{threads} torch threads"
+    )

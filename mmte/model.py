@@ -100,7 +100,7 @@ from .tokenizers.registry import get_modality
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FUSIONS", "LoRA", "MetaTransformer", "ModalityEmbedding", "apply_lora", "create_model"]
+__all__ = ["FUSIONS", "LoRA", "MetaTransformer", "ModalityEmbedding", "apply_lora", "create_model", "load_backbone_state", "normalize_backbone_keys"]
 
 FUSIONS = ("single", "joint", "separate")
 FREEZE_POLICIES = ("backbone", "tokenizers", "none")
@@ -158,6 +158,59 @@ def apply_lora(backbone: nn.Module, rank: int = 8, alpha: float = 16.0, dropout:
     return done
 
 
+_PREFIXES = ("model.backbone.", "backbone.", "module.", "encoder.", "blocks.")
+
+
+def _adapter_or_state(key: str) -> bool:
+    """Keys a pretrained file does not carry: LoRA adapters and FP8 scaling state."""
+    return ".lora." in key or key.rsplit(".", 1)[-1].startswith("fp8_")
+
+
+def normalize_backbone_keys(sd: Mapping[str, torch.Tensor], num_attention_heads: int) -> dict[str, torch.Tensor]:
+    """mmte backbone keys from a file's keys: a common prefix (``model.backbone.``, ``backbone.``,
+    ``module.``, ``encoder.``, ``blocks.``) is dropped and Meta-Transformer release keys
+    (``0.attn.qkv.weight``...) are converted."""
+    sd = dict(sd)
+    for prefix in _PREFIXES:
+        if sd and all(k.startswith(prefix) for k in sd):
+            sd = {k[len(prefix) :]: v for k, v in sd.items()}
+    if any(k.startswith("0.attn.") for k in sd):
+        sd = meta_transformer_to_mmte(sd, num_attention_heads)
+    return sd
+
+
+def load_backbone_state(backbone: Backbone, sd: Mapping[str, torch.Tensor], source: str = "the file") -> int:
+    """Load pretrained weights into ``backbone`` strictly, whatever its layout.
+
+    ``backbone`` may be whole or a pipeline stage's part of one, with plain or DTensor (TP/FSDP)
+    parameters; each rank copies its slices out of the full tensors. Keys are normalised first
+    (:func:`normalize_backbone_keys`). LoRA adapters and FP8 scaling state are not expected in the file.
+
+    Returns:
+        the number of tensors loaded.
+
+    Raises:
+        ValueError: missing or unexpected keys, or shapes that differ, listing them.
+    """
+    from .parallel.materialize import copy_full
+
+    sd = normalize_backbone_keys(sd, backbone.config.num_attention_heads)
+    with torch.device("meta"):
+        full = {k: v for k, v in Backbone(backbone.config).state_dict().items() if not _adapter_or_state(k)}
+    own = {k: v for k, v in backbone.state_dict(keep_vars=True).items() if not _adapter_or_state(k)}
+    missing, unexpected = sorted(set(own) - set(sd)), sorted(set(sd) - set(full))
+    shapes = [f"{k}: expected {tuple(full[k].shape)}, got {tuple(sd[k].shape)}" for k in sd if k in full and full[k].shape != sd[k].shape]
+    if missing or unexpected or shapes:
+        raise ValueError(
+            f"backbone weights {source} do not fit the {backbone.config.num_layers}x{backbone.config.hidden_size} backbone: "
+            f"missing {missing[:8]}{' ...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}, "
+            f"shapes {shapes[:8]}"
+        )
+    for k, t in own.items():
+        copy_full(t, sd[k].to(device=t.device if t.device.type != "meta" else "cpu"))
+    return len(own)
+
+
 class ModalityEmbedding(nn.Module):
     """Learned modality-type embeddings ``weight`` [M, D] for joint fusion."""
 
@@ -207,6 +260,10 @@ class MetaTransformer(nn.Module):
             raise ValueError(f"fusion='single' takes exactly one tokenizer; got {list(tokenizers)} (use 'joint' or 'separate')")
         self.fusion, self.touch_unused = fusion, touch_unused
         self._backbone_weights = None
+        # set on the pruned stage views that mmte.parallel.pipeline_split makes; shared with them (shallow
+        # copies share this dict): the last stage records its output structure here for the loss
+        self.pipeline_stage: int | None = None
+        self._pipeline_io: dict[str, Any] = {}
         ctx = torch.device(device) if device is not None else contextlib.nullcontext()
         with ctx:
             self.backbone = self._build_backbone(backbone, backbone_weights)
@@ -297,19 +354,8 @@ class MetaTransformer(nn.Module):
         path = path or self._backbone_weights
         if path is None:
             raise ValueError("no backbone_weights path was given")
-        sd = load_state_dict_file(path)
-        for prefix in ("backbone.", "module.", "encoder.", "blocks."):
-            if sd and all(k.startswith(prefix) for k in sd):
-                sd = {k[len(prefix) :]: v for k, v in sd.items()}
-        if any(k.startswith("0.attn.") for k in sd):
-            sd = meta_transformer_to_mmte(sd, self.backbone.config.num_attention_heads)
-        own = {k: v for k, v in self.backbone.state_dict().items() if ".lora." not in k}
-        missing, unexpected = sorted(set(own) - set(sd)), sorted(set(sd) - set(own))
-        shapes = [f"{k}: expected {tuple(own[k].shape)}, got {tuple(sd[k].shape)}" for k in own if k in sd and own[k].shape != sd[k].shape]
-        if missing or unexpected or shapes:
-            raise ValueError(f"backbone weights {path} do not fit: missing {missing[:8]}, unexpected {unexpected[:8]}, shapes {shapes[:8]}")
-        self.backbone.load_state_dict(sd, strict=False)
-        logger.info("loaded %d backbone tensors from %s", len(sd), path)
+        n = load_backbone_state(self.backbone, load_state_dict_file(path), source=os.fspath(path))
+        logger.info("loaded %d backbone tensors from %s", n, path)
 
     # ---------------------------------------------------------------------------- freezing, init
     def freeze(self, policy: str | Sequence[str]) -> list[str]:
@@ -395,13 +441,29 @@ class MetaTransformer(nn.Module):
                 out[name] = head(*features[head.inputs[0]])
         return out
 
-    def forward(self, batch: Mapping[str, Any]) -> dict[str, Any]:
-        """``{head_name: output}`` for the heads whose modalities are in ``batch``."""
+    def forward(self, *inputs: Any, batch: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """``model(batch)`` -> ``{head_name: output}`` for the heads whose modalities are in ``batch``.
+
+        On a pipeline stage view (``pipeline_stage`` set) this is :meth:`forward_stage`.
+        """
+        if self.pipeline_stage is not None:
+            return self.forward_stage(*inputs, batch=batch)
+        if batch is None:
+            if len(inputs) != 1:
+                raise TypeError(f"MetaTransformer takes one batch dict; got {len(inputs)} positional inputs")
+            batch = inputs[0]
         seqs = self.forward_tokens(batch)
         out = self.forward_heads(self.forward_backbone(seqs))
         if self.touch_unused and torch.is_grad_enabled() and out:
             out = self._touch_unused(out, set(seqs))
         return out
+
+    def inference(self, dtype: str = "auto", compile: bool = False, **kwargs: Any) -> nn.Module:
+        """A frozen eval-mode copy for prediction: backbone in bf16 where the CPU has native bf16 (``"auto"``),
+        run under ``torch.inference_mode``, optionally compiled. See :func:`mmte.inference.optimize`."""
+        from .inference import optimize
+
+        return optimize(self, dtype, compile, **kwargs)
 
     def _touch_unused(self, out: dict[str, Any], present: set[str]) -> dict[str, Any]:
         unused = [p for m, t in self.tokenizers.items() if m not in present for p in t.parameters() if p.requires_grad]
@@ -419,6 +481,102 @@ class MetaTransformer(nn.Module):
             o[k] = o[k] + zero.to(o[k].dtype)
             out[name] = o
         return out
+
+    # ---------------------------------------------------------------------------------- pipeline
+    def _first_stage(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        if self.fusion == "separate":
+            raise ValueError("pipeline parallel runs one token sequence per sample: fusion 'single' or 'joint', not 'separate'")
+        seqs = self.forward_tokens(batch)
+        seq = self._joint(seqs) if self.fusion == "joint" else next(iter(seqs.values()))
+        key = "joint" if self.fusion == "joint" else next(iter(seqs))
+        mask = seq.full_mask()
+        if not bool(mask[:, seq.num_prefix_tokens :].any(1).all()) and mask.shape[1] > seq.num_prefix_tokens:
+            raise ValueError("every sample needs at least one real (unmasked) token after its prefix tokens; got a fully padded sample")
+        extras = {k: v for k, v in seq.extras.items() if k != "sequences"}
+        side = {"key": key, "mask": mask, "num_prefix_tokens": seq.num_prefix_tokens, "positions": seq.positions, "extras": extras}
+        return {"x": seq.tokens, "seq": side}
+
+    def pipeline_boundary(self, batch: Mapping[str, Any]) -> str:
+        """The structure of what the stages pass each other for ``batch`` (see
+        :mod:`mmte.parallel.boundary`); computed on the first stage's rank and shared by the strategy."""
+        from .parallel.boundary import structure
+
+        with torch.no_grad():
+            return structure(self._first_stage(batch))
+
+    def forward_stage(self, *inputs: torch.Tensor, batch: Mapping[str, Any] | None = None) -> tuple[torch.Tensor, ...]:
+        """One pipeline stage: this module is a pruned view (tokenizers on the first stage, heads on the
+        last, some backbone layers on each; see :func:`mmte.parallel.pipeline_split`).
+
+        * first stage: ``batch``, the microbatch's modality inputs; tokenizes (single or joint fusion);
+        * every stage runs the backbone layers it holds; all but the last pass on the hidden states and
+          the token sequence's side information (mask, prefix tokens, extras) as tensors
+          (:func:`mmte.parallel.boundary.pack`; their structure, :meth:`pipeline_boundary`, is in
+          ``_pipeline_io["boundary"]``);
+        * the last stage applies the heads and returns their outputs flattened; :meth:`pipeline_loss`
+          and :meth:`pipeline_unflatten` read them back. Targets reach the loss through the schedule's
+          ``target`` (:func:`mmte.parallel.boundary.pack_rows`), not through the stages.
+        """
+        from torch.utils._pytree import tree_flatten
+
+        from .parallel.boundary import pack, structure, unpack
+
+        first, last = self.tokenizers is not None, self.heads is not None
+        known = self._pipeline_io.get("boundary")
+        if first:
+            if not isinstance(batch, Mapping):
+                raise TypeError(f"the first pipeline stage takes the batch dict as batch=...; got {type(batch).__name__}")
+            tree = self._first_stage(batch)
+            if known is not None and structure(tree) != known:
+                raise ValueError(
+                    "pipeline parallel needs every microbatch to have the same structure (modalities present, mask, extras); "
+                    "this one differs from the first"
+                )
+        else:
+            if known is None:
+                raise RuntimeError("pipeline stage boundary structure unknown: MMTEStrategy shares it before the first step")
+            tree = unpack(inputs, known)
+        side = tree["seq"]
+        mask = side["mask"]
+        x = self.backbone(tree["x"], None if bool(mask.all()) else mask)
+        if not last:
+            return pack({"x": x, "seq": side})
+        # shape inference runs this on uninitialised tensors: a row without a real token there (the first
+        # stage refuses such rows in real batches) means "no padding"
+        npre = side["num_prefix_tokens"]
+        if mask.shape[1] > npre:
+            mask = mask | ~mask[:, npre:].any(1, keepdim=True)
+        seq = TokenSeq(x, None if bool(mask.all()) else mask, side["num_prefix_tokens"], side.get("positions"), dict(side["extras"]))
+        out = self.forward_heads({side["key"]: (x, seq)})
+        flat, spec = tree_flatten(out)
+        self._pipeline_io["out_spec"] = spec
+        return tuple(flat)
+
+    def pipeline_unflatten(self, flat: Sequence[torch.Tensor] | torch.Tensor) -> dict[str, Any]:
+        """The heads' outputs from the last stage's (possibly microbatch-merged) output."""
+        from torch.utils._pytree import tree_unflatten
+
+        spec = self._pipeline_io.get("out_spec")
+        if spec is None:
+            raise RuntimeError("no pipeline output structure recorded: the last stage has not run yet on this rank")
+        flat = [flat] if isinstance(flat, torch.Tensor) else list(flat)
+        return tree_unflatten(flat, spec)
+
+    def pipeline_targets(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """The batch's per-sample tensors other than the modalities (targets, ids) packed into the one
+        ``uint8 [B, bytes]`` tensor the schedule splits into microbatches for :meth:`pipeline_loss`."""
+        from .parallel.boundary import pack_rows
+
+        carry = {k: v for k, v in batch.items() if k not in self.modality_names and isinstance(v, torch.Tensor) and v.dim() > 0}
+        rows, self._pipeline_io["targets"] = pack_rows(carry)
+        return rows
+
+    def pipeline_loss(self, output: Sequence[torch.Tensor], target: torch.Tensor) -> torch.Tensor:
+        """The loss of one microbatch: the last stage's output and the microbatch's rows of
+        :meth:`pipeline_targets`."""
+        from .parallel.boundary import unpack_rows
+
+        return self.loss(self.pipeline_unflatten(output), unpack_rows(target, self._pipeline_io["targets"]))["loss"]
 
     def loss(self, outputs: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         """Each head's loss against ``batch[head.target]`` and their weighted sum under ``"loss"``."""

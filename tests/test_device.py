@@ -1,3 +1,7 @@
+import json
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -44,3 +48,87 @@ def test_unknown_device_type():
         device.is_available("tpu")
     with pytest.raises(ValueError, match="no distributed backend known for device type 'meta'"):
         device.dist_backend("meta")
+
+
+# ------------------------------------------------------------------------------ CPU capabilities
+def _cpuinfo(flags: str, cores: list[tuple[int, int]], model: str = "Test CPU") -> str:
+    blocks = [
+        f"processor\t: {i}\nvendor_id\t: Test\nmodel name\t: {model}\nphysical id\t: {p}\ncore id\t\t: {c}\nflags\t\t: {flags}\n"
+        for i, (p, c) in enumerate(cores)
+    ]
+    return "\n".join(blocks)
+
+
+AVX2 = "fpu sse sse2 avx fma avx2 f16c"
+AVX512_BF16 = AVX2 + " avx512f avx512bw avx512_vnni avx512_bf16"
+AMX = AVX512_BF16 + " amx_bf16 amx_tile amx_int8"
+
+
+def test_parse_cpuinfo_counts_physical_cores_once():
+    # 2 sockets x 2 cores x 2 hyper-threads = 8 processors, 4 physical cores
+    text = _cpuinfo(AVX2, [(p, c) for p in (0, 1) for c in (0, 1) for _ in (0, 1)], model="Xeon Foo")
+    model, flags, physical = device.parse_cpuinfo(text)
+    assert model == "Xeon Foo"
+    assert {"avx2", "fma"} <= flags and "avx512_bf16" not in flags
+    assert physical == 4
+    assert device.parse_cpuinfo("processor : 0\nflags : neon\n") == ("", {"neon"}, None)
+
+
+@pytest.mark.parametrize(
+    ("flags", "capability", "isa", "bf16", "precision"),
+    [
+        (AVX2, "AVX2", "avx2", False, "32-true"),
+        (AVX2 + " avx512f", "AVX512", "avx512", False, "32-true"),
+        (AVX512_BF16, "AVX512", "avx512_bf16", True, "bf16-mixed"),
+        (AMX, "AVX512", "amx", True, "bf16-mixed"),
+        ("fpu sse sse2", "DEFAULT", "plain", False, "32-true"),
+    ],
+)
+def test_auto_precision_follows_the_cpu(tmp_path, monkeypatch, flags, capability, isa, bf16, precision):
+    path = tmp_path / "cpuinfo"
+    path.write_text(_cpuinfo(flags, [(0, 0), (0, 1)]))
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    info = device.cpu_info(str(path))
+    assert (info.isa, info.bf16, info.physical_cores) == (isa, bf16, 2)
+    chosen, why = device.choose_precision("cpu", info)
+    assert chosen == precision
+    # an AVX2-only CPU never gets bf16 (emulated there: slower than fp32), and the reason says so
+    if not bf16:
+        assert why == f"the CPU has no bf16 units (best: {isa}); bf16 would run slower than fp32"
+    else:
+        assert why.startswith("the CPU has native bf16 (") and ("amx_bf16" in why or "avx512_bf16" in why)
+    from mmte.inference import resolve_dtype
+
+    monkeypatch.setattr(device, "cpu_info", lambda path="/proc/cpuinfo": info)
+    assert resolve_dtype("auto", "cpu") == ("bf16" if bf16 else "fp32")
+    assert resolve_dtype("fp32", "cpu") == "fp32"
+
+
+def test_this_cpu_matches_proc_cpuinfo():
+    info = device.cpu_info()
+    text = Path("/proc/cpuinfo").read_text() if os.path.exists("/proc/cpuinfo") else ""
+    if "avx512_bf16" in text.split():
+        assert info.bf16 and "avx512_bf16" in info.flags
+    assert 1 <= info.physical_cores <= info.logical_cores <= (os.cpu_count() or 1)
+    assert info.capability == str(torch.backends.cpu.get_cpu_capability())
+    line = device.describe(info, threads=3)
+    assert line.startswith(f"CPU {info.model} ({info.capability}; flags: ") and line.endswith(", 3 torch threads")
+
+
+def test_mmte_env_and_version(capsys):
+    from mmte import __version__
+    from mmte.cli import main
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"mmte {__version__}"
+    assert main(["env", "--json"]) == 0
+    env = json.loads(capsys.readouterr().out)
+    assert env["mmte"] == __version__ and env["torch"] == torch.__version__
+    info = device.cpu_info()
+    assert env["cpu flags"] == (", ".join(info.flags) or "none of note")
+    assert env["torch threads"] == str(torch.get_num_threads())
+    assert env["precision auto"].startswith(device.choose_precision("cpu")[0] + " (")
+    for pkg in ("lightning", "timm", "onnxruntime"):
+        assert pkg in env
+    assert main(["env"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].split() == ["mmte", __version__]

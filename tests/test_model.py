@@ -218,7 +218,7 @@ def test_backbone_weights_from_file_and_module(tmp_path):
         assert torch.equal(meta.backbone.state_dict()[k], v), k
     assert mmte.MetaTransformer({"image": IMG}, backbone_weights=src).backbone is src
     torch.save({"state_dict": Backbone("tiny", num_layers=1).state_dict()}, tmp_path / "short.pth")
-    with pytest.raises(ValueError, match=r"do not fit: missing \['layers.1"):
+    with pytest.raises(ValueError, match=r"do not fit the 2x64 backbone: missing \[.layers.1"):
         mmte.MetaTransformer({"image": IMG}, "tiny", backbone_weights=tmp_path / "short.pth")
 
 

@@ -23,7 +23,7 @@ from dataclasses import asdict
 import torch
 from torch import nn
 
-from ..te import TELayer, TransformerLayer, fuse, make_norm, te_available
+from ..te import Linear, TELayer, TransformerLayer, fuse, make_norm, te_available
 from ..te.backend import BACKENDS
 from .presets import BackboneConfig, get_preset
 
@@ -102,6 +102,7 @@ class Backbone(nn.Module):
             }
         )
         self.norm = make_norm(c.normalization, c.hidden_size, c.layernorm_epsilon, **kw) if c.final_norm else None
+        self.compute_dtype: torch.dtype | None = None
         self.fused = False
         if fusion not in FUSIONS:
             raise ValueError(f"fusion must be one of {FUSIONS}; got {fusion!r}")
@@ -152,7 +153,14 @@ class Backbone(nn.Module):
         if not x.is_floating_point():
             raise ValueError(f"Backbone expects floating-point tokens; got dtype {x.dtype}")
         p = next(self.parameters(), None)
-        if p is not None and p.device.type != "meta" and x.dtype != p.dtype and not torch.is_autocast_enabled(x.device.type):
+        if (
+            p is not None
+            and p.device.type != "meta"
+            and x.dtype != p.dtype
+            and self.compute_dtype is None
+            and not torch.is_autocast_enabled(x.device.type)
+            and not (x.dtype in (torch.bfloat16, torch.float16) and p.dtype == torch.float32)
+        ):
             raise ValueError(
                 f"Backbone parameters are {p.dtype} but tokens are {x.dtype}; cast the tokens or run under autocast"
             )
@@ -163,17 +171,44 @@ class Backbone(nn.Module):
                     f"got {mask.dtype} {tuple(mask.shape)}"
                 )
 
+    def lowp_dtype(self, x: torch.Tensor) -> torch.dtype | None:
+        """The dtype the low-precision path runs ``x`` in, or None to run as is.
+
+        ``compute_dtype`` when set (e.g. by :func:`mmte.inference.optimize`); otherwise bf16 when ``x``'s
+        device runs under bf16 autocast (Lightning's ``bf16-mixed``) and every GEMM is a plain
+        :class:`~mmte.te.Linear` (FP8 and TE layers keep their own precision handling).
+        """
+        if self.compute_dtype is not None:
+            return self.compute_dtype
+        dev = x.device.type
+        if self.backend != "native" or not torch.is_autocast_enabled(dev) or torch.get_autocast_dtype(dev) != torch.bfloat16:
+            return None
+        if any(isinstance(m, nn.Linear) and type(m).forward is not Linear.forward for m in self.layers.modules()):
+            return None
+        return torch.bfloat16
+
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Args:
             x: tokens ``[B, N, D]``.
             mask: bool ``[B, N]``, True for real tokens; None when every token is real.
 
         Returns:
-            hidden states ``[B, N, D]``.
+            hidden states ``[B, N, D]`` in ``x``'s dtype.
+
+        Under bf16 autocast, or with ``compute_dtype`` set, the layers run the bf16 path of
+        :mod:`mmte.te.lowp` (activations and GEMMs in bf16 on fp32 master weights, norm statistics
+        and softmax in fp32) with autocast switched off inside, so no op is cast back and forth.
         """
         self.check_input(x, mask)
-        if mask is not None and bool(mask.all()):
-            mask = None  # no padding: take SDPA's fastest kernel
+        if mask is not None and not torch.compiler.is_exporting() and bool(mask.all()):
+            mask = None  # no padding: take SDPA's fastest kernel (exported graphs keep the mask: no data-dependent branch)
+        dt = self.lowp_dtype(x)
+        if dt is not None and dt != x.dtype:
+            with torch.autocast(x.device.type, enabled=False):
+                return self._run(x.to(dt), mask).to(x.dtype)
+        return self._run(x, mask)
+
+    def _run(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         if self.norm_pre is not None:
             x = self.norm_pre(x)
         for layer in self.layers.values():

@@ -4,6 +4,12 @@ Inside ``with mmte.fp8.autocast(recipe=...)`` every :class:`~mmte.fp8.FP8Linear`
 it the same modules are ordinary high-precision linears (TE's ``fp8_autocast`` contract). Wrap the
 forward pass only; the backward pass uses the recipe its forward saw.
 
+Unconverted linears: unlike TransformerEngine, where every ``te.Linear`` inside ``fp8_autocast`` runs in
+FP8, a plain :class:`mmte.te.Linear` stays in high precision here — conversion (:func:`mmte.fp8.convert`)
+is where the choice of which GEMMs run in FP8 is made (by default: the backbone's, not the tokenizers'
+or heads'). A region in which no FP8 GEMM ran at all warns once, since it almost always means the model
+was never converted.
+
 Delayed-scaling bookkeeping, and why a module may run several times per step. Each module keeps, per
 operand role (input, weight, output gradient), an amax history, a scale and a *pending* amax: the max
 over every use since the last update. Every use in a step quantizes with the same (delayed) scale and
@@ -33,7 +39,7 @@ import torch
 
 from .recipes import DelayedScaling, Recipe, make_recipe
 
-__all__ = ["autocast", "get_fp8_context", "is_fp8_enabled", "update_scales"]
+__all__ = ["autocast", "get_fp8_context", "is_fp8_enabled", "reset_pending", "update_scales"]
 
 
 @dataclass
@@ -44,6 +50,7 @@ class _Region:
     outermost: bool
     # modules whose forward amaxes are pending, in first-use order (the same on every rank)
     pending: dict[int, tuple[Any, Recipe, Any]] = field(default_factory=dict)
+    fp8_gemms: int = 0  # FP8Linear forwards run inside the (outermost) region
 
 
 class _State(threading.local):
@@ -65,6 +72,14 @@ def get_fp8_context() -> _Region | None:
 def is_fp8_enabled() -> bool:
     r = get_fp8_context()
     return bool(r is not None and r.enabled)
+
+
+_WARNED_NO_FP8 = False
+
+
+def _count_gemm() -> None:
+    if _STATE.stack:
+        _STATE.stack[0].fp8_gemms += 1
 
 
 def _register_forward(module, recipe: Recipe) -> None:
@@ -125,6 +140,14 @@ def _finalize_backward() -> None:
         _finalize(entries, (2,))
 
 
+def reset_pending() -> None:
+    """Forget every pending gradient amax (not applied). Called when a training run ends: the next run's
+    first autocast entry must not reduce amaxes of another run's modules — on some ranks only, as garbage
+    collection decides which of them are still alive, which would leave the ranks' collectives unmatched."""
+    with _PENDING_LOCK:
+        _PENDING_BWD.clear()
+
+
 def update_scales() -> None:
     """Apply every pending gradient-amax update now (normally done at the next autocast entry).
 
@@ -163,3 +186,19 @@ def autocast(enabled: bool = True, recipe: Recipe | str | None = None, amax_redu
         _STATE.stack.pop()
         if outermost and region.pending:
             _finalize(list(region.pending.values()), (0, 1))
+        if outermost and enabled and region.fp8_gemms == 0:
+            _warn_no_fp8()
+
+
+def _warn_no_fp8() -> None:
+    global _WARNED_NO_FP8
+    if not _WARNED_NO_FP8:
+        import warnings
+
+        warnings.warn(
+            "mmte.fp8.autocast: no FP8 GEMM ran in this region. Only FP8Linear modules run in FP8 (unlike "
+            "TransformerEngine, a plain mmte.te.Linear stays in high precision): convert the model first with "
+            "mmte.fp8.convert(model, recipe)",
+            stacklevel=3,
+        )
+        _WARNED_NO_FP8 = True

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..te.linear import Linear
-from .autocast import _register_backward, _register_forward, get_fp8_context
+from .autocast import _count_gemm, _register_backward, _register_forward, get_fp8_context
 from .formats import FP8Dtype
 from .gemm import fp8_gemm, select_gemm
 from .quantize import QuantizedTensor, amax, quantize_blockwise, quantize_mx, quantize_tensorwise, scale_from_amax
@@ -87,6 +87,7 @@ class _FP8LinearFn(torch.autograd.Function):
         y = fp8_gemm(qx, qw, torch.float32, path)
         if bias is not None:
             y = y + bias.float()
+        _count_gemm()
         if recipe.needs_history:
             _register_forward(module, recipe)
         ctx.module, ctx.recipe, ctx.group, ctx.path = module, recipe, group, path
@@ -133,7 +134,8 @@ class _FP8LinearFn(torch.autograd.Function):
             dw = fp8_gemm(qdyt, qxt, torch.float32, path).to(weight.dtype)
         if need_b and ctx.has_bias:
             db = dy.float().sum(0).to(weight.dtype if module.bias is None else module.bias.dtype)
-        ctx.qx = ctx.qw = None
+        # ctx.qx / ctx.qw are kept: zero-bubble pipeline schedules run this backward twice on one graph (input
+        # gradients first, weight gradients later); they are freed with the graph
         return dx, dw, db, None, None, None, None, None
 
 
@@ -200,6 +202,15 @@ class FP8Linear(Linear):
         new.bias = linear.bias
         new.train(linear.training)
         new._init_fp8(recipe)
+        # adapters and hooks attached to the linear (LoRA is a child module plus a forward hook) come along:
+        # the base GEMM runs in FP8, the adapter path in the autocast dtype
+        for name, child in linear.named_children():
+            new.add_module(name, child)
+        new._forward_hooks.update(linear._forward_hooks)
+        new._forward_hooks_with_kwargs.update(linear._forward_hooks_with_kwargs)
+        new._forward_hooks_always_called.update(linear._forward_hooks_always_called)
+        new._forward_pre_hooks.update(linear._forward_pre_hooks)
+        new._forward_pre_hooks_with_kwargs.update(linear._forward_pre_hooks_with_kwargs)
         return new
 
     def reset_parameters(self) -> None:

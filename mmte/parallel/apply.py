@@ -12,6 +12,7 @@ Each step logs one ``logger.info`` line. The model stays single-device code thro
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from torch import nn
 
 from .fsdp import DDPConfig, FSDPConfig, apply_ddp, apply_fsdp
 from .mesh import ParallelDims
-from .pipeline import build_schedule, pipeline_split, stages_per_rank
+from .pipeline import build_schedule, pipeline_split, stage_owners, stages_per_rank
 from .tp import apply_tp, find_backbones
 
 logger = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ class ParallelConfig:
         pp_schedule: pipeline schedule name (see :data:`mmte.parallel.pipeline.SCHEDULES`).
         microbatches: pipeline microbatches per step.
         virtual_stages: stages per rank for interleaved/looped schedules.
-        pp_balance: ``"layers"``, ``"params"`` or per-layer weights.
+        pp_balance: ``"compute"`` (trainable vs frozen layers), ``"layers"``, ``"params"`` or per-layer weights.
         pp_first, pp_last: top-level children placed on the first / last stage (default: by name).
         activation_checkpointing: ``"none"`` or ``"full"`` (recompute each layer in backward).
         compile: ``torch.compile`` each backbone layer.
@@ -52,7 +53,7 @@ class ParallelConfig:
     pp_schedule: str = "1f1b"
     microbatches: int = 4
     virtual_stages: int = 2
-    pp_balance: str | list[float] = "layers"
+    pp_balance: str | list[float] = "compute"
     pp_first: list[str] | None = None
     pp_last: list[str] | None = None
     activation_checkpointing: str = "none"
@@ -84,6 +85,9 @@ class Parallelized:
         schedule: the pipeline schedule (None without PP): ``schedule.step(x, target=y, losses=[])``.
         stages: ``PipelineStage`` objects (empty without PP).
         mesh, dims: the device mesh and the resolved sizes.
+        make_schedule: builds a fresh ``(schedule, stages)`` over the same stage modules (PP only). A
+            schedule fixes its tensor shapes at its first step, so a batch of another shape (an epoch's
+            last, smaller batch; evaluation) needs its own; see :meth:`schedule_for`.
     """
 
     model: nn.Module
@@ -92,6 +96,25 @@ class Parallelized:
     stages: list = field(default_factory=list)
     mesh: Any = None
     dims: ParallelDims | None = None
+    make_schedule: Callable[[], tuple[Any, list]] | None = None
+    stage_modules: list = field(default_factory=list)
+    owners: dict = field(default_factory=dict)
+    _by_shape: dict = field(default_factory=dict, repr=False)
+
+    def schedule_for(self, key: Any, microbatches: int | None = None) -> Any:
+        """The schedule for batches whose shapes are ``key``, split into ``microbatches`` (default: the
+        configured number); built on first use, the first one being :attr:`schedule`."""
+        if self.make_schedule is None:
+            return self.schedule
+        key = (key, microbatches)
+        if key not in self._by_shape:
+            default = microbatches is None or microbatches == self.schedule._n_microbatches
+            if not self._by_shape and default:
+                self._by_shape[key] = (self.schedule, self.stages)
+            else:
+                self._by_shape[key] = self.make_schedule(**({} if microbatches is None else {"microbatches": microbatches}))
+                logger.info("pipeline: schedule for batch shapes %s, %s microbatches (%d cached)", key[0], microbatches, len(self._by_shape))
+        return self._by_shape[key][0]
 
     @property
     def has_first_stage(self) -> bool:
@@ -142,6 +165,17 @@ def apply_compile(parts: Sequence[nn.Module], **kwargs) -> int:
     return len(layers)
 
 
+def _keep_frozen(model: nn.Module, frozen: set[str]) -> None:
+    """Re-apply the freeze policy after the passes that re-create parameters (TP/SP ``distribute_module``
+    wraps every parameter in a new ``nn.Parameter``, trainable by default)."""
+    flipped = [n for n, p in model.named_parameters() if n in frozen and p.requires_grad]
+    for n, p in model.named_parameters():
+        if n in frozen:
+            p.requires_grad_(False)
+    if flipped:
+        logger.info("kept %d frozen parameter tensors frozen after parallelisation (e.g. %s)", len(flipped), flipped[0])
+
+
 def parallelize(
     model: nn.Module,
     mesh,
@@ -177,6 +211,13 @@ def parallelize(
         )
     if cfg.async_tp and mesh.device_type != "cuda":
         raise ValueError(f"async_tp needs CUDA (symmetric memory); the mesh is on {mesh.device_type!r}")
+
+    if dims.pp > 1 and dims.dp_replicate > 1 and dims.dp_shard == 1:
+        raise ValueError(
+            f"pp={dims.pp} with plain DDP (dp_replicate={dims.dp_replicate}, dp_shard=1) is not supported: DDP's reducer "
+            "cannot follow a pipeline schedule's split backward; use dp_shard (FSDP2) for the data-parallel dimension"
+        )
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
 
     # 1. FP8
     if fp8_convert is not None:
@@ -214,6 +255,8 @@ def parallelize(
             enable_symm_mem_for_group(mesh["tp"].get_group().group_name)
             logger.info("async tensor parallel enabled on the tp group")
 
+    _keep_frozen(local, frozen)
+
     # 4. AC, 5. compile
     if cfg.activation_checkpointing == "full":
         apply_activation_checkpointing(parts)
@@ -227,14 +270,20 @@ def parallelize(
     elif dims.dp_replicate > 1:
         device = None if mesh.device_type == "cpu" else torch.device(mesh.device_type, torch.accelerator.current_device_index())
         parts = [apply_ddp(p, mesh["dp_replicate"], cfg.ddp, device) for p in parts]
-        if dims.pp == 1:
-            local = parts[0]
+    if dims.dp_shard > 1 or dims.tp > 1 or dims.pp > 1:
+        # sharded parameters cannot be touched outside their unit's forward; unused ones are simply
+        # left without gradient (FSDP2/TP do not need DDP's every-parameter-used rule)
+        for m in [local, *parts]:
+            if hasattr(m, "touch_unused"):
+                m.touch_unused = False
+    _keep_frozen(local, frozen)
 
     if dims.pp > 1:
         device = torch.device(mesh.device_type) if mesh.device_type == "cpu" else torch.device(
             mesh.device_type, torch.accelerator.current_device_index()
         )
-        schedule, stages = build_schedule(
+        make = functools.partial(
+            build_schedule,
             [(i, p) for (i, _), p in zip(views, parts)],
             num_stages,
             mesh["pp"].get_group(),
@@ -242,5 +291,11 @@ def parallelize(
             microbatches=cfg.microbatches,
             loss_fn=loss_fn,
             device=device,
+        )
+        schedule, stages = make()
+        return Parallelized(
+            model=local, parts=parts, schedule=schedule, stages=stages, mesh=mesh, dims=dims, make_schedule=make,
+            stage_modules=[(i, p) for (i, _), p in zip(views, parts)],
+            owners=stage_owners(cfg.pp_schedule, dims.pp, cfg.virtual_stages),
         )
     return Parallelized(model=local, parts=parts, schedule=schedule, stages=stages, mesh=mesh, dims=dims)

@@ -70,8 +70,18 @@ class DDPConfig:
             raise ValueError(f"DDPConfig.bucket_cap_mb must be > 0; got {self.bucket_cap_mb!r}")
 
 
+def _leaves(module: nn.Module) -> list[nn.Module]:
+    """``module`` itself, or, for a container without a ``forward`` of its own (``ModuleDict``,
+    ``ModuleList``), the leaves inside it: FSDP2 hooks run on ``forward``, which containers never get."""
+    if isinstance(module, (nn.ModuleDict, nn.ModuleList)):
+        return [leaf for child in module.children() if child is not None for leaf in _leaves(child)]
+    return [module]
+
+
 def _units(model: nn.Module) -> list[nn.Module]:
-    """Sharding units in execution order: backbone layers, then other parts with parameters."""
+    """Sharding units in execution order: each backbone layer (and its norms), then every other
+    top-level part with parameters, with containers opened up (each tokenizer, each head). Whatever is
+    left (e.g. a modality embedding, parameters owned by the root) goes with the root unit."""
     from .tp import find_backbones
 
     units: list[nn.Module] = []
@@ -91,8 +101,17 @@ def _units(model: nn.Module) -> list[nn.Module]:
             continue
         if any(id(m) in covered for m in child.modules()):
             continue  # a wrapper holding the backbone: its leftovers go with the root
-        units.append(child)
+        for leaf in _leaves(child):
+            if any(True for _ in leaf.parameters()) and _called_as_module(leaf):
+                units.append(leaf)
     return units
+
+
+def _called_as_module(module: nn.Module) -> bool:
+    """Whether FSDP2 may shard ``module`` as a unit: it has a ``forward`` and callers use it through
+    ``__call__`` (mmte marks modules read by attribute, e.g. ``ModalityEmbedding``, with
+    ``fsdp_unit = False``)."""
+    return getattr(module, "fsdp_unit", True) and type(module).forward is not nn.Module.forward
 
 
 def apply_fsdp(parts: Sequence[nn.Module] | nn.Module, dp_mesh, config: FSDPConfig | None = None):
@@ -149,20 +168,17 @@ def apply_fsdp(parts: Sequence[nn.Module] | nn.Module, dp_mesh, config: FSDPConf
 
 
 def apply_ddp(module: nn.Module, dp_mesh, config: DDPConfig | None = None, device: torch.device | None = None) -> nn.Module:
-    """Wrap ``module`` in ``DistributedDataParallel`` over the 1-d ``dp_replicate`` mesh."""
-    from torch.nn.parallel import DistributedDataParallel
+    """Replicate ``module`` over the 1-d ``dp_replicate`` mesh with torch's composable ``replicate``
+    (DDP's reducer installed as hooks, in place): the module keeps its class, attributes and FQNs, so
+    code reading ``model.backbone`` and checkpoints written without DP work unchanged."""
+    from torch.distributed._composable.replicate import replicate
 
     cfg = config or DDPConfig()
     if any(hasattr(p, "_spec") for p in module.parameters()):
-        raise ValueError("DDP cannot wrap DTensor (tensor-parallel) parameters; use FSDP2/HSDP with tp > 1")
-    device_ids = [device] if device is not None and torch.device(device).type not in ("cpu", "meta") else None
-    wrapped = DistributedDataParallel(
-        module,
-        device_ids=device_ids,
-        process_group=dp_mesh.get_group(),
-        bucket_cap_mb=cfg.bucket_cap_mb,
-        static_graph=cfg.static_graph,
-        find_unused_parameters=cfg.find_unused_parameters,
-    )
-    logger.info("DDP over %d replicas: bucket_cap_mb=%s, static_graph=%s", dp_mesh.size(), cfg.bucket_cap_mb, cfg.static_graph)
-    return wrapped
+        raise ValueError("DDP cannot replicate DTensor (tensor-parallel) parameters; use FSDP2/HSDP with tp > 1")
+    kwargs = dict(bucket_cap_mb=cfg.bucket_cap_mb, static_graph=cfg.static_graph, find_unused_parameters=cfg.find_unused_parameters)
+    if device is not None and torch.device(device).type not in ("cpu", "meta"):
+        kwargs["device_id"] = torch.device(device)
+    replicate(module, device_mesh=dp_mesh, **kwargs)
+    logger.info("DDP (composable replicate, FQNs kept) over %d replicas: bucket_cap_mb=%s, static_graph=%s", dp_mesh.size(), cfg.bucket_cap_mb, cfg.static_graph)
+    return module

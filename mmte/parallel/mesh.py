@@ -99,9 +99,11 @@ class ParallelDims:
         if num_layers is not None and dims.pp > 1:
             stages = dims.pp * stages_per_rank
             if stages > num_layers:
+                one = " or a schedule with one stage per rank (pp_schedule: 1f1b)" if stages_per_rank > 1 else ""
                 raise ValueError(
                     f"pp={dims.pp} x {stages_per_rank} stage(s) per rank = {stages} pipeline stages is more than "
-                    f"the {num_layers} backbone layers (each stage needs at least one layer)"
+                    f"the {num_layers} backbone layers (each stage needs at least one layer): use a backbone with at "
+                    f"least {stages} layers (model.backbone, e.g. {{preset: tiny, num_layers: {stages}}}){one}, or a smaller pp"
                 )
         return dims
 

@@ -42,12 +42,16 @@ __all__ = [
     "SCHEDULES",
     "bubble_fraction",
     "build_schedule",
+    "forward_only",
     "layer_costs",
     "make_stage_module",
+    "microbatches_for",
+    "schedule_accepts",
     "partition",
     "pipeline_split",
     "stage_fqns",
     "stage_ids",
+    "stage_owners",
     "stages_per_rank",
 ]
 
@@ -117,15 +121,21 @@ def _find_backbone(model: nn.Module) -> tuple[str, nn.Module]:
 
 
 def layer_costs(model: nn.Module, balance: str | Sequence[float] = "layers") -> list[float]:
-    """Relative cost of each backbone layer: 1 each (``"layers"``), parameter count (``"params"``), or given."""
+    """Relative cost of each backbone layer: training compute (``"compute"``: 3 for a layer with trainable
+    parameters, 2 for a frozen one, which still computes input gradients), 1 each (``"layers"``),
+    parameter count (``"params"``), or given."""
     _, bb = _find_backbone(model)
     n = len(bb.layers)
     if isinstance(balance, str):
+        if balance == "compute":
+            # a trainable layer runs forward, input-gradient and weight-gradient GEMMs (~3 units); a frozen one
+            # forward and input-gradient only (~2): balances trainable work when only part of the backbone trains
+            return [3.0 if any(p.requires_grad for p in layer.parameters()) else 2.0 for layer in bb.layers.values()]
         if balance == "layers":
             return [1.0] * n
         if balance == "params":
             return [float(sum(p.numel() for p in layer.parameters())) for layer in bb.layers.values()]
-        raise ValueError(f"balance must be 'layers', 'params' or a list of per-layer weights; got {balance!r}")
+        raise ValueError(f"balance must be 'compute', 'layers', 'params' or a list of per-layer weights; got {balance!r}")
     w = [float(x) for x in balance]
     if len(w) != n or any(x <= 0 for x in w):
         raise ValueError(f"balance weights must be {n} positive numbers (one per layer); got {list(balance)}")
@@ -274,6 +284,9 @@ def pipeline_split(
     mine = [f for i in ids for f in all_fqns[i]]
     local = make_stage_module(model, mine)
     stages = [(i, make_stage_module(local, all_fqns[i])) for i in ids]
+    for i, view in stages:
+        if hasattr(view, "pipeline_stage"):  # models with a stage-aware forward (MetaTransformer)
+            view.pipeline_stage = i
     logger.info(
         "pipeline split into %d stages (%s, balance=%s); rank %d holds stages %s: %s",
         num_stages,
@@ -283,7 +296,76 @@ def pipeline_split(
         ids,
         [all_fqns[i] for i in ids],
     )
+    if not any(p.requires_grad for p in local.parameters()):
+        logger.info(
+            "pipeline rank %d holds nothing to train (frozen layers only): it runs forward and passes input gradients back; "
+            "to give it trainable work, unfreeze layers it holds or place trainable parts with pp_first/pp_last",
+            pp_rank,
+        )
     return local, stages, num_stages
+
+
+def stage_owners(schedule: str, pp_size: int, virtual_stages: int = 2) -> dict[int, int]:
+    """``{stage index: pp rank}`` for every stage of the pipeline."""
+    return {i: r for r in range(pp_size) for i in stage_ids(schedule, r, pp_size, virtual_stages)}
+
+
+@torch.no_grad()
+def forward_only(stage_modules: Sequence[tuple[int, nn.Module]], owners: dict[int, int], pp_group, *args, **kwargs):
+    """Run the whole batch forward through the stages in order, without microbatches or a schedule
+    (evaluation): each rank runs the stages it holds and sends the result to the next stage's rank as
+    an object (``send_object_list``). Works for every placement (looped or V-shaped) and any batch size.
+
+    Args:
+        stage_modules: ``(stage_index, module)`` this rank holds.
+        owners: ``{stage index: pp rank}`` (:func:`stage_owners`).
+        pp_group: the pipeline process group.
+        *args, **kwargs: the first stage's inputs (used where stage 0 lives).
+
+    Returns:
+        the last stage's output on the rank holding it, else None.
+    """
+    import torch.distributed as dist
+
+    mine = dict(stage_modules)
+    me = dist.get_rank(pp_group)
+    out = None
+    for s in range(len(owners)):
+        if owners[s] != me:
+            continue
+        if s == 0:
+            out = mine[s](*args, **kwargs)
+        else:
+            if owners[s - 1] != me:
+                box = [None]
+                dist.recv_object_list(box, src=dist.get_global_rank(pp_group, owners[s - 1]), group=pp_group)
+                out = box[0]
+            out = mine[s](*(out if isinstance(out, (tuple, list)) else (out,)))
+        if s + 1 < len(owners) and owners[s + 1] != me:
+            dist.send_object_list([out], dst=dist.get_global_rank(pp_group, owners[s + 1]), group=pp_group)
+    return out if owners[len(owners) - 1] == me else None
+
+
+def schedule_accepts(schedule: str, microbatches: int, pp_size: int, num_stages: int) -> bool:
+    """Whether ``schedule`` runs with ``microbatches`` microbatches (torch's own constraints)."""
+    key = _check_schedule(schedule)
+    if microbatches < 1:
+        return False
+    if key == "1f1b" or key in _V_STYLE:
+        return microbatches >= num_stages
+    if key in ("interleaved_1f1b", "interleaved_zb", "looped_bfs"):
+        return microbatches % pp_size == 0
+    return True
+
+
+def microbatches_for(batch_size: int, schedule: str, microbatches: int, pp_size: int, num_stages: int) -> int | None:
+    """How many microbatches a training batch of ``batch_size`` samples is split into: the largest count
+    not above ``microbatches`` that divides the batch evenly (pipeline stages fix their tensor shapes, so
+    every microbatch has the same size) and that the schedule accepts; None when there is none."""
+    for m in range(min(microbatches, batch_size), 0, -1):
+        if batch_size % m == 0 and schedule_accepts(schedule, m, pp_size, num_stages):
+            return m
+    return None
 
 
 def build_schedule(

@@ -70,6 +70,42 @@ def _present(backbone: nn.Module, glob: str, types: tuple[type, ...] | None = No
     return False
 
 
+def _adapter_styles():
+    """Column-/row-wise styles that also shard a linear's low-rank adapter (a child module holding ``A``
+    [r, in] and ``B`` [out, r], e.g. :class:`mmte.model.LoRA`): column-wise, ``B`` is split with the
+    output rows and ``A`` replicated; row-wise, ``A`` is split with the input columns and ``B``
+    replicated, so the adapter's partial sums join the base GEMM's before its reduction (the adapter's
+    forward hook runs before the style's output hook). torch's own styles register every parameter of
+    the subtree on the linear itself and fail on such a child."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    def shard_adapters(module, mesh, a_place, b_place, src):
+        for child in module.children():
+            params = dict(child.named_parameters(recurse=False))
+            if set(params) >= {"A", "B"}:
+                for pname, place in (("A", a_place), ("B", b_place)):
+                    p = params[pname]
+                    child.register_parameter(pname, nn.Parameter(distribute_tensor(p, mesh, [place], src_data_rank=src), requires_grad=p.requires_grad))
+
+    class Colwise(ColwiseParallel):
+        def _partition_linear_fn(self, name, module, device_mesh):
+            if name:  # distribute_module visits the subtree: the adapter was handled with its linear
+                return
+            for pname, p in list(module.named_parameters(recurse=False)):
+                module.register_parameter(pname, nn.Parameter(distribute_tensor(p, device_mesh, [Shard(0)], src_data_rank=self.src_data_rank), requires_grad=p.requires_grad))
+            shard_adapters(module, device_mesh, Replicate(), Shard(0), self.src_data_rank)
+
+    class Rowwise(RowwiseParallel):
+        def _partition_linear_fn(self, name, module, device_mesh):
+            if name:
+                return
+            super()._partition_linear_fn(name, module, device_mesh)
+            shard_adapters(module, device_mesh, Shard(1), Replicate(), self.src_data_rank)
+
+    return Colwise, Rowwise
+
+
 def tp_plan(backbone: nn.Module, *, sequence_parallel: bool = False) -> dict:
     """The tensor(-and-sequence)-parallel plan of a backbone.
 
@@ -82,13 +118,13 @@ def tp_plan(backbone: nn.Module, *, sequence_parallel: bool = False) -> dict:
     """
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
         PrepareModuleInput,
         PrepareModuleInputOutput,
         PrepareModuleOutput,
-        RowwiseParallel,
         SequenceParallel,
     )
+
+    ColwiseParallel, RowwiseParallel = _adapter_styles()
 
     layers = list(getattr(backbone, "layers", {}).keys())
     if not layers:

@@ -11,7 +11,10 @@ import math
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from .lowp import LOW_PRECISION, cast_param
 
 __all__ = ["Linear", "default_init"]
 
@@ -23,6 +26,9 @@ def default_init(weight: torch.Tensor) -> None:
 
 class Linear(nn.Linear):
     """``y = x W^T + b`` with TE's argument names.
+
+    Inputs in bf16/fp16 with fp32 parameters run the GEMM in the inputs' dtype (the bf16 path of
+    :mod:`mmte.te.lowp`): frozen weights from a cached copy, trainable ones cast through autograd.
 
     Args:
         in_features, out_features: GEMM sizes.
@@ -51,3 +57,11 @@ class Linear(nn.Linear):
         self.init_method(self.weight)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., in] -> [..., out]``; bf16/fp16 inputs use the weight in their dtype (see :mod:`mmte.te.lowp`)."""
+        w, b = self.weight, self.bias
+        if x.dtype != w.dtype and x.dtype in LOW_PRECISION:
+            w = cast_param(w, x.dtype)
+            b = cast_param(b, x.dtype) if b is not None else None
+        return F.linear(x, w, b)

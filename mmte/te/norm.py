@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .lowp import LOW_PRECISION, cast_param
+
 __all__ = ["LayerNorm", "RMSNorm", "make_norm"]
 
 
@@ -47,7 +49,11 @@ class LayerNorm(nn.LayerNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight + 1 if self.zero_centered_gamma else self.weight
-        return F.layer_norm(x, self.normalized_shape, w, self.bias, self.eps)
+        b = self.bias
+        if x.dtype != w.dtype and x.dtype in LOW_PRECISION and x.device.type != "cpu":
+            # the CPU kernel takes fp32 gamma/beta with bf16 inputs as they are; elsewhere match the input
+            w, b = w.to(x.dtype), cast_param(b, x.dtype) if b is not None else None
+        return F.layer_norm(x, self.normalized_shape, w, b, self.eps)
 
 
 class RMSNorm(nn.RMSNorm):
@@ -71,6 +77,8 @@ class RMSNorm(nn.RMSNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight + 1 if self.zero_centered_gamma else self.weight
+        if x.dtype != w.dtype and x.dtype in LOW_PRECISION:  # no mixed-dtype RMSNorm kernel: match the input
+            w = cast_param(w, x.dtype) if not self.zero_centered_gamma else w.to(x.dtype)
         return F.rms_norm(x, self.normalized_shape, w, self.eps)
 
 

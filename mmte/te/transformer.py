@@ -32,6 +32,7 @@ from torch import nn
 from . import triton_ops
 from .attention import MultiheadAttention
 from .layernorm_mlp import LayerNormMLP
+from .lowp import LOW_PRECISION, cast_param
 from .norm import make_norm
 
 __all__ = ["DropPath", "LayerScale", "TransformerLayer"]
@@ -71,7 +72,8 @@ class LayerScale(nn.Module):
         nn.init.constant_(self.gamma, self.init_value)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.gamma
+        g = cast_param(self.gamma, x.dtype) if x.dtype in LOW_PRECISION else self.gamma
+        return x * g
 
 
 class TransformerLayer(nn.Module):

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 
 from .base import ModalityTokenizer, TokenSeq
@@ -38,6 +39,10 @@ class RevINStats:
         if self.weight is not None:
             y = (y - self.bias) / (self.weight + self.eps * self.eps)
         return y * self.std + self.mean
+
+
+# a pytree node, so the statistics can cross a pipeline-stage boundary (mmte.parallel.boundary) and torch.export
+pytree.register_dataclass(RevINStats, serialized_type_name="mmte.tokenizers.time_series.RevINStats")
 
 
 class RevIN(nn.Module):

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 from ..data import collate_batch
 from ..data import datasets as mds
@@ -47,21 +47,36 @@ __all__ = [
 SPLITS = ("train", "val", "test")
 
 
-class EpochSeededSampler(Sampler[int]):
-    """A random permutation of ``range(n)`` drawn from ``(seed, epoch)``; Lightning calls ``set_epoch``."""
+class EpochSeededSampler(DistributedSampler):
+    """A random permutation of ``range(n)`` drawn from ``(seed, epoch)``, sharded over data-parallel
+    replicas; Lightning calls ``set_epoch``.
 
-    def __init__(self, n: int, seed: int = 0):
+    Replica ``rank`` of ``num_replicas`` takes every ``num_replicas``-th index of the one global
+    permutation (padded by wrapping around to a multiple of ``num_replicas``), so with a per-replica
+    batch of ``B / num_replicas`` the replicas' batch ``k`` together are exactly batch ``k`` of one
+    process with batch ``B``. Being a ``DistributedSampler``, Lightning uses it as is instead of
+    wrapping it in its own (which would reshuffle).
+    """
+
+    def __init__(self, n: int, seed: int = 0, num_replicas: int = 1, rank: int = 0):
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, {num_replicas}); got {rank}")
         self.n, self.seed, self.epoch = n, seed, 0
+        self.num_replicas, self.rank = num_replicas, rank
+        self.num_samples = -(-n // num_replicas)
+        self.total_size = self.num_samples * num_replicas
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
     def __iter__(self) -> Iterator[int]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return iter(torch.randperm(self.n, generator=g).tolist())
+        perm = torch.randperm(self.n, generator=g).tolist()
+        perm += perm[: self.total_size - self.n]
+        return iter(perm[self.rank : self.total_size : self.num_replicas])
 
     def __len__(self) -> int:
-        return self.n
+        return self.num_samples
 
 
 def _preprocess_fn(
@@ -165,9 +180,20 @@ class MMTEDataModule(LightningDataModule):
             raise ValueError(f"the {split!r} split is empty; set val_fraction/test_fraction (or the split patterns) to make one")
         kw: dict[str, Any] = {"collate_fn": self._collate, "num_workers": self.num_workers, "persistent_workers": self.num_workers > 0}
         if train:
+            shard = self._replicas()
+            sampler = EpochSeededSampler(len(ds), self.seed, **shard)
             # resumable: a run stopped mid-epoch (SIGTERM) continues with the batches it had not seen yet
-            return ResumableDataLoader(ds, batch_size=self.batch_size, sampler=EpochSeededSampler(len(ds), self.seed), drop_last=self.drop_last, **kw)
+            return ResumableDataLoader(ds, batch_size=self.batch_size, sampler=sampler, drop_last=self.drop_last, **kw)
         return DataLoader(ds, batch_size=self.eval_batch_size, shuffle=False, **kw)
+
+    def _replicas(self) -> dict[str, int]:
+        """``{num_replicas, rank}`` of the data-parallel dimension (1, 0 without a distributed strategy;
+        tensor- and pipeline-parallel ranks of one replica read the same data)."""
+        strategy = getattr(self.trainer, "strategy", None) if self.trainer is not None else None
+        kw = getattr(strategy, "distributed_sampler_kwargs", None) if getattr(strategy, "world_size", 1) > 1 else None
+        if not kw:
+            return {"num_replicas": 1, "rank": 0}
+        return {"num_replicas": int(kw.get("num_replicas", 1)), "rank": int(kw.get("rank", 0))}
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", True)

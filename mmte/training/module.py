@@ -31,15 +31,15 @@ What it adds to the model:
   = {source, keys, sha256 fingerprint}; ``on_load_checkpoint`` rebuilds them from that source, checks the
   fingerprint, and puts them back, so ``load_state_dict(strict=True)`` (Lightning's resume and
   ``load_from_checkpoint``) sees every key. A frozen backbone without a source (random init) is saved.
-* **Inference**: ``predict_step`` runs under Lightning's ``torch.inference_mode``, in eval mode,
-  optionally with the fused backbone (``fuse_for_inference``) and bf16 autocast
-  (``predict_dtype="bf16"``); it returns per-head predictions (class ids and probabilities, values,
-  or embeddings).
+* **Inference**: ``predict_step`` runs :meth:`MetaTransformer.inference` (:mod:`mmte.inference`): an
+  eval-mode frozen copy under ``torch.inference_mode`` whose backbone holds bf16 weights where the
+  device has native bf16 (``predict_dtype="auto"``; or ``"bf16"``, ``"fp32"``, ``"fp8"``), optionally
+  with compiled backbone layers (``fuse_for_inference``); it returns per-head predictions (class ids
+  and probabilities, values, or embeddings).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import hashlib
@@ -55,7 +55,8 @@ from lightning.pytorch import LightningModule
 from torch import nn
 
 from ..encoders import Backbone, BackboneConfig, get_preset
-from ..model import MetaTransformer
+from ..model import MetaTransformer, load_backbone_state
+from .portable import FLAT, optim_from_flat
 
 logger = logging.getLogger(__name__)
 
@@ -311,7 +312,8 @@ class MMTEModule(LightningModule):
         layer_decay: layer-wise learning-rate decay factor in (0, 1], or None.
         save_frozen: ``"auto"`` (leave out a frozen backbone that has a source), ``"always"``.
         fuse_for_inference: compile the backbone layers (regional torch.compile) for predict.
-        predict_dtype: ``"fp32"`` or ``"bf16"`` (autocast) for predict.
+        predict_dtype: ``"auto"`` (bf16 where the CPU/GPU has native bf16, else fp32), ``"bf16"``, ``"fp32"``
+            or ``"fp8"``: the backbone's weights for predict (see :mod:`mmte.inference`).
         epoch_seed: re-seed torch's RNG at every training epoch from (this, epoch), so a resumed run
             draws the same dropout masks as an uninterrupted one; None: leave the RNG alone.
         data_info: what the data determines (classes, channels, horizon...); linked from the
@@ -335,7 +337,7 @@ class MMTEModule(LightningModule):
         layer_decay: float | None = None,
         save_frozen: str = "auto",
         fuse_for_inference: bool = False,
-        predict_dtype: str = "fp32",
+        predict_dtype: str = "auto",
         epoch_seed: int | None = 0,
         data_info: dict[str, Any] | None = None,
     ):
@@ -343,8 +345,8 @@ class MMTEModule(LightningModule):
         self.save_hyperparameters()
         if save_frozen not in ("auto", "always"):
             raise ValueError(f"save_frozen must be 'auto' or 'always'; got {save_frozen!r}")
-        if predict_dtype not in ("fp32", "bf16"):
-            raise ValueError(f"predict_dtype must be 'fp32' or 'bf16'; got {predict_dtype!r}")
+        if predict_dtype not in ("auto", "fp32", "bf16", "fp8"):
+            raise ValueError(f"predict_dtype must be 'auto', 'fp32', 'bf16' or 'fp8'; got {predict_dtype!r}")
         if layer_decay is not None and not 0.0 < layer_decay <= 1.0:
             raise ValueError(f"layer_decay must be in (0, 1] or None; got {layer_decay!r}")
         if not isinstance(heads, Mapping) or not heads:
@@ -364,7 +366,7 @@ class MMTEModule(LightningModule):
         self._needs_reload = False
         # Validate the whole model description now (cheap: meta device), so a bad recipe fails
         # before anything is written or trained.
-        self._build(device="meta", with_weights=False)
+        self._full_meta()
         self.metrics = nn.ModuleDict(  # keys "train_", "val_", "test_" ("train" is a Module method)
             {
                 f"{stage}_": nn.ModuleDict(
@@ -405,21 +407,29 @@ class MMTEModule(LightningModule):
         )
 
     def configure_model(self) -> None:
-        """Build the model (once). Under an ``empty_init`` context (FSDP/TP strategies) parameters are
-        on the meta device; the strategy then parallelises and materialises them, and the pretrained
-        backbone is reloaded by :meth:`_reload_pretrained` before the first step."""
+        """Build the model (once) on the meta device. Without a strategy's ``empty_init`` context
+        (single device) it is materialised right away on the target device; under a strategy (TP, FSDP,
+        PP, DDP) the strategy parallelises it first and then calls :meth:`materialize`, so each rank
+        allocates only its shard. Either way the values are the same (:func:`mmte.parallel.materialize`)
+        and the pretrained backbone is loaded strictly afterwards."""
         if self.model is not None:
             return
         probe = torch.empty(0)
-        on_meta = probe.device.type == "meta"
-        if on_meta:
-            self.model = self._build(device="meta", with_weights=False)
-            self._needs_reload = self.hparams.backbone_weights is not None
-        else:
-            self.model = self._build()
+        self.model = self._build(device="meta", with_weights=False)
+        self._needs_reload = self.hparams.backbone_weights is not None
+        if probe.device.type != "meta":
+            self.materialize(probe.device)
         n_train = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         n_all = sum(p.numel() for p in self.model.parameters())
         logger.info("built MetaTransformer: %s trainable of %s parameters (freeze=%r)", f"{n_train:,}", f"{n_all:,}", self.hparams.freeze)
+
+    def materialize(self, device: torch.device | str) -> None:
+        """Allocate the (local shard of the) model on ``device``, initialise it reproducibly and load the
+        pretrained backbone (what :class:`~mmte.training.strategy.MMTEStrategy` calls after parallelising)."""
+        from ..parallel.materialize import materialize
+
+        materialize(self.model, device)
+        self._reload_pretrained()
 
     @property
     def fp8_convert(self):
@@ -433,71 +443,100 @@ class MMTEModule(LightningModule):
         return None
 
     def _reload_pretrained(self) -> None:
-        """Load the backbone source into a model that was built on the meta device and materialised."""
+        """Load the backbone source into the materialised model, strictly (see :func:`load_backbone_state`)."""
         if not self._needs_reload or self.model is None:
             return
+        if any(p.is_meta for p in self.model.parameters()):
+            return  # not materialised yet: the strategy calls materialize() later
         src = resolve_backbone_source(self.hparams.backbone_weights)
-        sd = src.state_dict() if isinstance(src, Backbone) else None
-        if sd is None:
+        if isinstance(src, Backbone):
+            want = self.model.backbone.config
+            if src.config != want:
+                raise ValueError(
+                    f"backbone_weights {self.hparams.backbone_weights!r} is a {src.config} backbone but model.backbone is "
+                    f"{self.backbone_spec!r}; use the backbone preset that fits (e.g. backbone: {self.hparams.backbone_weights})"
+                )
+            sd = src.state_dict()
+        else:
             from ..encoders import load_state_dict_file
 
             sd = load_state_dict_file(src)
-        sd = {k: v for k, v in sd.items()}
-        if any(hasattr(p, "_spec") for p in self.model.backbone.parameters()):
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-            set_model_state_dict(self.model.backbone, sd, options=StateDictOptions(full_state_dict=True, strict=False))
-        else:
-            self.model.backbone.load_state_dict(sd, strict=False)
+        n = load_backbone_state(self.model.backbone, sd, source=os.fspath(self.hparams.backbone_weights))
         self._needs_reload = False
-        logger.info("reloaded pretrained backbone from %s after materialisation", self.hparams.backbone_weights)
+        logger.info("loaded %d pretrained backbone tensors from %s after materialisation", n, self.hparams.backbone_weights)
 
     # ------------------------------------------------------------------------------ checkpoints
+    def _full_meta(self) -> MetaTransformer:
+        """The whole model on the meta device (what a checkpoint describes, whatever this rank holds)."""
+        cache = self.__dict__.setdefault("_meta_cache", [])  # a list: not registered as a submodule
+        if not cache:
+            cache.append(self._build(device="meta", with_weights=False))
+        return cache[0]
+
     def _frozen_backbone_keys(self) -> list[str] | None:
-        """State-dict keys (``model.backbone.*`` parameters) restorable from the source, or None when
-        the backbone is not entirely frozen or has no source."""
-        if self.hparams.backbone_weights is None or self.hparams.save_frozen == "always" or self.model is None:
+        """State-dict keys (``model.backbone.*`` parameters of the whole model) restorable from the
+        source, or None when the backbone is not entirely frozen or has no source."""
+        if self.hparams.backbone_weights is None or self.hparams.save_frozen == "always":
             return None
-        params = dict(self.model.backbone.named_parameters())
+        params = dict(self._full_meta().backbone.named_parameters())
         if any(p.requires_grad for n, p in params.items() if ".lora." not in n):
             return None
         # frozen *parameters* only: buffers (e.g. FP8 scaling state) are training state and stay saved
         return [f"model.backbone.{n}" for n, p in params.items() if not p.requires_grad and ".lora." not in n]
 
+    def _source_state(self) -> dict[str, torch.Tensor]:
+        """The backbone source's tensors under mmte backbone keys (normalised)."""
+        from ..model import normalize_backbone_keys
+
+        src = resolve_backbone_source(self.hparams.backbone_weights)
+        if isinstance(src, Backbone):
+            sd = src.state_dict()
+        else:
+            from ..encoders import load_state_dict_file
+
+            sd = load_state_dict_file(src)
+        return normalize_backbone_keys(sd, self._full_meta().backbone.config.num_attention_heads)
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         keys = self._frozen_backbone_keys()
-        if not keys:
-            return
         sd = checkpoint["state_dict"]
-        if not all(k in sd for k in keys):
-            return  # a sharded/distributed state dict: keep it whole
-        frozen = {k: sd.pop(k) for k in keys}
+        if not keys or not sd or not all(k in sd for k in keys):
+            return  # nothing to leave out, or not the rank that writes (distributed saves gather onto rank 0)
+        for k in keys:
+            del sd[k]
         if self._frozen_fingerprint is None:
-            self._frozen_fingerprint = state_fingerprint(frozen)
-        checkpoint["mmte"] = {
-            "frozen": {"source": os.fspath(self.hparams.backbone_weights), "keys": keys, "sha256": self._frozen_fingerprint}
+            src = self._source_state()
+            self._frozen_fingerprint = state_fingerprint({k: src[k.removeprefix("model.backbone.")] for k in keys})
+        checkpoint.setdefault("mmte", {})["frozen"] = {
+            "source": os.fspath(self.hparams.backbone_weights), "keys": keys, "sha256": self._frozen_fingerprint
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        info = (checkpoint.get("mmte") or {}).get("frozen")
-        if not info:
-            return
         if self.model is None:
             self.configure_model()
-        self._reload_pretrained()
-        own = self.state_dict()
-        missing = [k for k in info["keys"] if k not in own]
-        if missing:
-            raise ValueError(f"checkpoint's frozen keys {missing[:5]} are not in this model; it was saved from another architecture")
-        frozen = {k: own[k] for k in info["keys"]}
-        fp = state_fingerprint(frozen)
-        if fp != info["sha256"]:
-            raise ValueError(
-                f"the frozen backbone rebuilt from {info['source']!r} differs from the one this checkpoint was trained with "
-                f"(sha256 {fp[:12]} != {info['sha256'][:12]}); point backbone_weights at the original weights"
-            )
-        self._frozen_fingerprint = fp
-        checkpoint["state_dict"].update(frozen)
+        mm = checkpoint.get("mmte") or {}
+        info = mm.get("frozen")
+        if info:
+            src = self._source_state()
+            missing = [k for k in info["keys"] if k.removeprefix("model.backbone.") not in src]
+            if missing:
+                raise ValueError(f"the backbone source {info['source']!r} lacks the checkpoint's frozen keys {missing[:5]}; it was saved from another architecture")
+            frozen = {k: src[k.removeprefix("model.backbone.")] for k in info["keys"]}
+            fp = state_fingerprint(frozen)
+            if fp != info["sha256"]:
+                raise ValueError(
+                    f"the frozen backbone rebuilt from {info['source']!r} differs from the one this checkpoint was trained with "
+                    f"(sha256 {fp[:12]} != {info['sha256'][:12]}); point backbone_weights at the original weights"
+                )
+            self._frozen_fingerprint = fp
+            checkpoint["state_dict"].update(frozen)
+        _reconcile_fp8_state(checkpoint["state_dict"], self)
+        strategy = getattr(self._trainer, "strategy", None) if self._trainer is not None else None
+        if mm.get("optimizer_format") == FLAT and checkpoint.get("optimizer_states") and not hasattr(strategy, "parallel_config"):
+            # written under MMTEStrategy (FQN-keyed): back to positions for this single-process optimizer
+            names = self.optimizer_param_names(self.model)
+            checkpoint["optimizer_states"] = [optim_from_flat(o, names) for o in checkpoint["optimizer_states"]]
+            mm["optimizer_format"] = "torch"
 
     # --------------------------------------------------------------------------------- steps
     def forward(self, batch: Mapping[str, Any]) -> dict[str, Any]:
@@ -518,12 +557,19 @@ class MMTEModule(LightningModule):
     def _step(self, batch: Mapping[str, Any], stage: str) -> torch.Tensor:
         out = self.model(batch)
         losses = self.model.loss(out, batch)
-        bs = _batch_size(batch)
+        self._log_losses(losses, stage, _batch_size(batch))
+        self._update_metrics(out, batch, stage)
+        self._log_metrics(stage, _batch_size(batch), heads=out)
+        return losses["loss"]
+
+    def _log_losses(self, losses: Mapping[str, torch.Tensor], stage: str, bs: int | None) -> None:
         self.log(f"{stage}_loss", losses["loss"], prog_bar=True, on_step=stage == "train", on_epoch=True, batch_size=bs)
         if len(self.head_cfg) > 1:
             for h, l in losses.items():
                 if h != "loss":
                     self.log(f"{stage}_{h}_loss", l, on_step=False, on_epoch=True, batch_size=bs)
+
+    def _update_metrics(self, out: Mapping[str, Any], batch: Mapping[str, Any], stage: str) -> None:
         for key, metric in self.metrics[f"{stage}_"].items():
             h, m = key.split("__")
             if h not in out:
@@ -536,12 +582,60 @@ class MMTEModule(LightningModule):
                 continue
             target = batch[head.target]
             if m == "acc":
-                pred = o.argmax(-1)
-                metric.update(pred.reshape(-1), target.long().reshape(-1))
+                metric.update(o.argmax(-1).reshape(-1), target.long().reshape(-1))
             else:
                 metric.update(o.detach().float().reshape(-1), target.float().reshape(-1))
+
+    def _log_metrics(self, stage: str, bs: int | None, heads: Any = None) -> None:
+        """Log the per-step metrics of ``stage`` for ``heads`` (None: all; under pipeline parallel every rank
+        logs every name, as torchmetrics' epoch-end synchronisation needs). Recall@1 is logged at epoch end."""
+        for key, metric in self.metrics[f"{stage}_"].items():
+            h, m = key.split("__")
+            if m == "r1" or (heads is not None and h not in heads):
+                continue
             self.log(self._metric_name(stage, h, m), metric, prog_bar=(m in _PRIMARY and stage != "train"), on_step=False, on_epoch=True, batch_size=bs)
-        return losses["loss"]
+
+    # -------------------------------------------------------------------------- pipeline hooks
+    def pipeline_inputs(self, batch: Mapping[str, Any]) -> tuple[tuple, dict[str, Any], torch.Tensor]:
+        """``(args, kwargs, target)`` for the pipeline schedule: the first stage takes the modality inputs as
+        ``batch=`` (the schedule splits them into microbatches); the targets and ids travel as the
+        schedule's ``target`` (:meth:`MetaTransformer.pipeline_targets`), split the same way."""
+        inputs = {k: v for k, v in batch.items() if k in self.model.modality_names}
+        return (), {"batch": inputs}, self.model.pipeline_targets(batch)
+
+    def pipeline_boundary(self, batch: Mapping[str, Any]) -> str:
+        """What the pipeline stages pass each other for ``batch`` (computed where the tokenizers are)."""
+        from torch.utils._pytree import tree_map
+
+        inputs = {k: v for k, v in batch.items() if k in self.model.modality_names}
+        one = tree_map(lambda t: t[:1] if isinstance(t, torch.Tensor) and t.dim() > 0 else t, inputs)  # the structure, cheaply
+        return self.model.pipeline_boundary(one)
+
+    def set_pipeline_boundary(self, struct: str) -> None:
+        self.model._pipeline_io["boundary"] = struct
+
+    def pipeline_loss(self, output: Any, target: Any = None) -> torch.Tensor:
+        """The last stage's loss of one microbatch (see :meth:`MetaTransformer.pipeline_loss`)."""
+        return self.model.pipeline_loss(output, target)
+
+    def pipeline_outputs(self, merged: Any, batch: Mapping[str, Any], stage: str, losses: list[torch.Tensor]) -> torch.Tensor | None:
+        """On the rank holding the last stage, after a pipeline step: update the metrics from the merged
+        outputs and return the batch's loss (the mean of the microbatch losses in training; recomputed
+        from the outputs in evaluation). None on other ranks."""
+        if merged is None:
+            return None
+        out = self.model.pipeline_unflatten(merged)
+        self._update_metrics(out, batch, stage)
+        if stage == "train":
+            return torch.stack([x.detach().float() for x in losses]).mean()
+        return self.model.loss(out, batch)["loss"].detach()
+
+    def pipeline_log(self, batch: Mapping[str, Any], stage: str, loss: torch.Tensor) -> None:
+        """Every rank logs the (shared) loss and every metric name, as torchmetrics' epoch-end
+        synchronisation needs."""
+        bs = _batch_size(batch)
+        self.log(f"{stage}_loss", loss, prog_bar=True, on_step=stage == "train", on_epoch=True, batch_size=bs)
+        self._log_metrics(stage, bs)
 
     def _log_epoch_recall(self, stage: str) -> None:
         for key, metric in self.metrics[f"{stage}_"].items():
@@ -587,16 +681,33 @@ class MMTEModule(LightningModule):
 
     def on_predict_start(self) -> None:
         self._reload_pretrained()
-        if self.hparams.fuse_for_inference:
-            self.model.backbone.fuse()
+        if any(type(p).__name__ == "DTensor" for p in self.model.parameters()):
+            # sharded (TP/FSDP) parameters cannot be copied into a separate inference model: run the model
+            # itself, in eval mode, under autocast when the inference dtype is bf16
+            from ..inference import resolve_dtype
+
+            dtype = resolve_dtype(self.hparams.predict_dtype, self.device)
+            object.__setattr__(self, "_inference", None)
+            object.__setattr__(self, "_predict_autocast", dtype == "bf16")
+            return
+        # not a registered submodule: it shares the model's weights and must not enter state_dict()
+        infer = self.model.inference(self.hparams.predict_dtype, compile=self.hparams.fuse_for_inference, device=self.device)
+        object.__setattr__(self, "_inference", infer)
+
+    def on_predict_end(self) -> None:
+        object.__setattr__(self, "_inference", None)
 
     def predict_step(self, batch: Mapping[str, Any], batch_idx: int, dataloader_idx: int = 0) -> dict[str, Any]:
         """Per-head predictions: classification ``{pred [B], prob [B, C]}``, regression/forecasting
         ``{value [B, ...]}``, contrastive ``{<modality>: [B, E]}``; plus ``index`` (row ids) and the
         target when the batch carries it."""
-        ctx = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.hparams.predict_dtype == "bf16" else contextlib.nullcontext()
-        with ctx:
-            out = self.model(batch)
+        infer = getattr(self, "_inference", None)
+        if infer is not None:
+            out = infer(batch)
+        else:
+            bf16 = getattr(self, "_predict_autocast", False)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
+                out = self.model(batch)
         res: dict[str, Any] = {}
         if "index" in batch:
             res["index"] = batch["index"]
@@ -615,11 +726,13 @@ class MMTEModule(LightningModule):
         return res
 
     # ------------------------------------------------------------------------------ optimiser
-    def _param_groups(self) -> list[dict[str, Any]]:
+    def _group_spec(self, model: nn.Module) -> list[tuple[tuple[bool, float], list[tuple[str, nn.Parameter]]]]:
+        """The optimizer's parameter groups over ``model``'s trainable parameters: ``((no_decay, lr
+        scale), [(fqn, parameter)])`` in a fixed order."""
         hp = self.hparams
-        n_layers = self.model.backbone.config.num_layers
-        groups: dict[tuple[bool, float], list[nn.Parameter]] = {}
-        for name, p in self.model.named_parameters():
+        n_layers = self._full_meta().backbone.config.num_layers
+        groups: dict[tuple[bool, float], list[tuple[str, nn.Parameter]]] = {}
+        for name, p in model.named_parameters():
             if not p.requires_grad:
                 continue
             no_decay = p.ndim <= 1 or any(s in name for s in ("pos_embed", "cls_token", "cls_pos", "reg_token", "modality_embed", "embedding", "embed.weight", "norm"))
@@ -631,13 +744,34 @@ class MMTEModule(LightningModule):
                 elif name.startswith(("tokenizers.", "modality_embed.", "backbone.norm_pre")):
                     depth = -1
                 scale = hp.layer_decay ** (n_layers - 1 - depth) if depth < n_layers else 1.0
-            groups.setdefault((no_decay, scale), []).append(p)
+            groups.setdefault((no_decay, scale), []).append((name, p))
+        return sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][1]))
+
+    def optimizer_param_names(self, model: nn.Module | None = None) -> list[list[str]]:
+        """The FQNs (``model.<name>``, as in the checkpoint) of each optimizer group, in order, for
+        ``model`` (default: the whole model)."""
+        return [[f"model.{n}" for n, _ in ps] for _, ps in self._group_spec(model if model is not None else self._full_meta())]
+
+    def _param_groups(self) -> list[dict[str, Any]]:
+        hp = self.hparams
+        groups = self._group_spec(self.model)
         if not groups:
+            if self._is_pipeline_rank():
+                # this pipeline rank holds only frozen layers: it still runs forward and passes input
+                # gradients back, but has nothing to update (an empty optimizer keeps Lightning's loop uniform)
+                logger.info("this pipeline rank holds no trainable parameter; its optimizer steps nothing")
+                holder = nn.Parameter(torch.zeros(0, device=self.device), requires_grad=False)
+                holder._mmte_placeholder = True
+                return [{"params": [holder], "weight_decay": 0.0, "lr": hp.lr, "lr_scale": 1.0}]
             raise ValueError(f"nothing to train: freeze={hp.freeze!r} leaves no trainable parameter")
         return [
-            {"params": ps, "weight_decay": 0.0 if nd else hp.weight_decay, "lr": hp.lr * s, "lr_scale": s}
-            for (nd, s), ps in sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][1]))
+            {"params": [p for _, p in ps], "weight_decay": 0.0 if nd else hp.weight_decay, "lr": hp.lr * s, "lr_scale": s}
+            for (nd, s), ps in groups
         ]
+
+    def _is_pipeline_rank(self) -> bool:
+        dims = getattr(getattr(self._trainer, "strategy", None), "dims", None) if self._trainer is not None else None
+        return getattr(dims, "pp", 1) > 1
 
     def configure_optimizers(self):
         hp = self.hparams
@@ -646,6 +780,23 @@ class MMTEModule(LightningModule):
         warm = round(hp.warmup * total) if isinstance(hp.warmup, float) and hp.warmup < 1 else int(hp.warmup)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, functools.partial(_warmup_cosine, warmup=warm, total=total, floor=hp.min_lr_ratio))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "name": "lr"}}
+
+
+def _reconcile_fp8_state(sd: dict[str, Any], module: LightningModule) -> None:
+    """FP8 scaling state (``*.fp8_*`` buffers) follows the model being loaded: a checkpoint from an FP8 run
+    loads into a high-precision model without it, and one from a high-precision run into an FP8 model with
+    fresh scaling state."""
+    own = set(module.state_dict())
+    extra = [k for k in sd if k.rsplit(".", 1)[-1].startswith("fp8_") and k not in own]
+    for k in extra:
+        del sd[k]
+    fresh = [k for k in own if k.rsplit(".", 1)[-1].startswith("fp8_") and k not in sd]
+    if fresh:
+        current = module.state_dict()
+        for k in fresh:
+            sd[k] = current[k]
+    if extra or fresh:
+        logger.info("FP8 scaling state: dropped %d tensors the model does not use, started %d fresh", len(extra), len(fresh))
 
 
 def _warmup_cosine(step: int, warmup: int, total: int, floor: float) -> float:

@@ -125,6 +125,14 @@ class FP8Precision(Precision):
                 stack.enter_context(fp8.autocast(recipe=self.recipe, amax_reduction_group=self.amax_reduction_group))
             yield
 
+    def teardown(self) -> None:
+        """The run is over: drop pending gradient amaxes (they are saved in the checkpoint's buffers), so a
+        later run in this process starts with every rank's FP8 bookkeeping empty."""
+        from ..fp8.autocast import reset_pending
+
+        reset_pending()
+        super().teardown()
+
     def convert_input(self, data: Any) -> Any:
         return data
 

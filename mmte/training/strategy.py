@@ -44,8 +44,9 @@ from torch import nn
 
 from .. import device as mdevice
 from ..parallel import DDPConfig, FSDPConfig, ParallelConfig, ParallelDims, amax_group, build_mesh, dp_mesh, parallelize
-from ..parallel.pipeline import stages_per_rank
+from ..parallel.pipeline import forward_only, microbatches_for, stages_per_rank
 from ..parallel.tp import find_backbones
+from .portable import FLAT, consolidate, gather_full, is_flat, optim_to_flat
 
 logger = logging.getLogger(__name__)
 
@@ -65,14 +66,17 @@ class MMTEStrategy(ModelParallelStrategy):
             ``dualpipev``.
         microbatches: pipeline microbatches per step.
         virtual_stages: stages per rank for interleaved schedules.
-        pp_balance: ``"layers"`` or ``"params"``.
+        pp_balance: ``"compute"`` (trainable layers weigh 3, frozen 2), ``"layers"`` or ``"params"``.
         activation_checkpointing: ``"none"`` or ``"full"``.
         compile: ``torch.compile`` each backbone layer.
         fsdp: :class:`~mmte.parallel.FSDPConfig` fields (``reshard_after_forward``, ``param_dtype``,
             ``reduce_dtype``, ``prefetch``).
         ddp: :class:`~mmte.parallel.DDPConfig` fields (``bucket_cap_mb``, ``static_graph``).
         async_tp: overlap TP communication (CUDA + compile).
-        save_distributed_checkpoint: DCP folders (True) or one consolidated file (False).
+        save_distributed_checkpoint: False (default): one portable file of full tensors (the trainable part
+            only, when the frozen backbone has a source) that one process or any other layout loads; True:
+            a distributed (DCP) folder of shards for models too large to gather (``mmte convert`` turns it
+            into a file).
         process_group_backend: override the backend (default from :func:`mmte.device.dist_backend`).
         timeout: process-group timeout.
     """
@@ -89,13 +93,13 @@ class MMTEStrategy(ModelParallelStrategy):
         pp_schedule: str = "1f1b",
         microbatches: int = 4,
         virtual_stages: int = 2,
-        pp_balance: str = "layers",
+        pp_balance: str = "compute",
         activation_checkpointing: str = "none",
         compile: bool = False,
         fsdp: dict | None = None,
         ddp: dict | None = None,
         async_tp: bool = False,
-        save_distributed_checkpoint: bool = True,
+        save_distributed_checkpoint: bool = False,
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
     ) -> None:
@@ -126,7 +130,10 @@ class MMTEStrategy(ModelParallelStrategy):
         module = self._lightning_module
         model = getattr(module, "model", None) if module is not None else None
         c = None
-        if isinstance(model, nn.Module):
+        full = getattr(module, "_full_meta", None)
+        if callable(full):
+            c = full().backbone.config
+        elif isinstance(model, nn.Module):
             bbs = find_backbones(model)
             c = bbs[0][1].config if bbs else None
         elif module is not None:  # not built yet (configure_model comes later): read the backbone from hparams
@@ -135,6 +142,35 @@ class MMTEStrategy(ModelParallelStrategy):
             hints = dict(num_attention_heads=c.num_attention_heads, ffn_hidden_size=c.ffn_hidden_size, num_layers=c.num_layers)
         spr = stages_per_rank(self.parallel_config.pp_schedule, self.parallel_config.virtual_stages) if self.dims.pp > 1 else 1
         return self.dims.validate(world_size, stages_per_rank=spr, **hints)
+
+    def preflight(self, module, world_size: int, stage: str = "fit") -> ParallelDims:
+        """Refuse, before any process starts, a combination that cannot work, with what to change: sizes
+        against the world and the backbone (heads, MLP width, layers per pipeline stage), and what pipeline
+        parallel cannot do (contrastive pairs, ``mmte predict``, plain DDP replicas). The ``mmte`` CLI
+        calls it; :meth:`setup_environment` checks the sizes again in every process."""
+        self._lightning_module = module
+        try:
+            dims = self.validate(world_size)
+        finally:
+            self._lightning_module = None
+        hp = getattr(module, "hparams", {}) or {}
+        if dims.pp > 1:
+            if hp.get("fusion") == "separate":
+                raise ValueError(
+                    f"pipeline parallel (pp={dims.pp}) runs one token sequence per sample; fusion 'separate' (each modality "
+                    "through the backbone on its own, e.g. contrastive pairs) cannot be pipelined: use data or tensor parallel"
+                )
+            if stage == "predict":
+                raise ValueError(
+                    f"mmte predict does not run under pipeline parallel (pp={dims.pp}); checkpoints are portable: predict with "
+                    "one process (drop the parallel fragment) or a data/tensor-parallel one"
+                )
+            if dims.dp_replicate > 1 and dims.dp_shard == 1:
+                raise ValueError(
+                    f"pp={dims.pp} with plain DDP (dp_replicate={dims.dp_replicate}) is not supported (DDP's reducer cannot follow "
+                    "a pipeline schedule's split backward); use dp_shard for the data-parallel dimension"
+                )
+        return dims
 
     def setup_environment(self) -> None:
         # validation first: no process group exists yet
@@ -198,6 +234,9 @@ class MMTEStrategy(ModelParallelStrategy):
             plugin.amax_reduction_group = amax_group(self.device_mesh)
             logger.info("FP8 amax reduction over the stage's dp x tp group (%d ranks)", self.world_size // self.dims.pp)
         self.parallelize_module(self.lightning_module)
+        module = self.lightning_module
+        if callable(getattr(module, "materialize", None)) and any(p.is_meta for p in module.parameters()):
+            module.materialize(self.root_device)  # reproducible per-shard init + strict pretrained load
         _materialize_distributed_module(self.model, self.root_device)
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
@@ -210,6 +249,88 @@ class MMTEStrategy(ModelParallelStrategy):
 
             to_dev(self.optimizers, self.root_device)
 
+    # ------------------------------------------------------------------ checkpoints
+    @property
+    def lightning_restore_optimizer(self) -> bool:
+        return True  # load_optimizer_state_dict below maps FQN-keyed states onto this rank's optimizer
+
+    def _contributes(self) -> bool:
+        """One rank per pipeline stage sends its full (gathered) tensors to rank 0."""
+        return all(self.device_mesh[d].get_local_rank() == 0 for d in ("dp_replicate", "dp_shard", "tp"))
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        """Full tensors under the model's FQNs, merged across pipeline stages, on rank 0 (``{}`` elsewhere);
+        DTensor shards with ``save_distributed_checkpoint``."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        if self._save_distributed_checkpoint:
+            return super().lightning_module_state_dict()
+        local = get_model_state_dict(self.lightning_module, options=StateDictOptions(full_state_dict=True))
+        return gather_full({k: v.detach().cpu() for k, v in local.items()}, self._contributes())
+
+    def optimizer_state(self, optimizer) -> dict[str, Any]:
+        """FQN-keyed (flattened) optimizer state: full and merged across stages on rank 0, or this rank's
+        shards with ``save_distributed_checkpoint``."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        opt = getattr(optimizer, "_optimizer", optimizer)
+        full = not self._save_distributed_checkpoint
+        local: dict[str, Any] = {}
+        if not _placeholder_only(opt):
+            options = StateDictOptions(full_state_dict=full, flatten_optimizer_state_dict=True)
+            local = get_optimizer_state_dict(self.lightning_module, opt, options=options)
+            if full:
+                local = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in local.items()}
+        return gather_full(local, self._contributes()) if full else local
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
+        checkpoint.setdefault("mmte", {}).update(optimizer_format=FLAT, layout=self.dims.sizes())
+        super().save_checkpoint(checkpoint, filepath, storage_options)
+
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
+        """Read a portable file, or consolidate a distributed checkpoint folder in memory, on every rank;
+        :meth:`load_model_state_dict` / :meth:`load_optimizer_state_dict` then take this rank's slices."""
+        from pathlib import Path
+
+        path = Path(self.broadcast(str(checkpoint_path)))
+        if path.is_dir():
+            return consolidate(path)
+        return self.checkpoint_io.load_checkpoint(path, weights_only=False if weights_only is None else weights_only)
+
+    def load_model_state_dict(self, checkpoint, strict: bool = True) -> None:
+        from ..parallel.materialize import copy_full
+
+        module = self.lightning_module
+        sd = checkpoint["state_dict"]
+        own = module.state_dict(keep_vars=True)
+        missing = sorted(k for k in own if k not in sd)
+        full = getattr(module, "_full_meta", None)
+        known = set(own) | ({f"model.{k}" for k in full().state_dict()} if callable(full) else set(sd))
+        unexpected = sorted(k for k in sd if k not in known and not k.rsplit(".", 1)[-1].startswith("fp8_"))
+        if strict and (missing or unexpected):
+            raise ValueError(
+                f"checkpoint does not fit the model: missing {missing[:8]}{' ...' if len(missing) > 8 else ''}, "
+                f"unexpected {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
+            )
+        for k, t in own.items():
+            if k in sd:
+                copy_full(t, sd[k].to(t.device if t.device.type != "meta" else "cpu"))
+
+    def load_optimizer_state_dict(self, checkpoint) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        module = self.lightning_module
+        local = {n for n, _ in module.named_parameters()}
+        for opt, state in zip(self.optimizers, checkpoint.get("optimizer_states") or []):
+            opt = getattr(opt, "_optimizer", opt)
+            if _placeholder_only(opt):
+                continue
+            if not is_flat(state):  # a single-process checkpoint: positions follow the whole model's groups
+                state = optim_to_flat(state, module.optimizer_param_names())
+            mine = {k: v for k, v in state.items() if k.split(".", 1)[1].rsplit(".", 1)[0] in local}
+            options = StateDictOptions(full_state_dict=True, flatten_optimizer_state_dict=True)
+            set_optimizer_state_dict(module, opt, mine, options=options)
+
     # ------------------------------------------------------------------ pipeline steps
     def _pipeline_inputs(self, batch):
         module = self.lightning_module
@@ -217,28 +338,88 @@ class MMTEStrategy(ModelParallelStrategy):
         if callable(fn):
             return fn(batch)
         if isinstance(batch, (tuple, list)) and len(batch) >= 2:
-            return batch[0], batch[-1]
+            return (batch[0],), {}, batch[-1]
         raise TypeError(
             f"pipeline parallel needs (inputs, target) from the batch: define {type(module).__name__}.pipeline_inputs(batch) "
             f"or return (x, y) batches; got {type(batch).__name__}"
         )
 
-    def _run_schedule(self, batch) -> torch.Tensor:
+    def _pipeline_step(self, batch, stage: str) -> torch.Tensor | None:
+        """Run the schedule on one batch and hand the last stage's merged outputs to the module's
+        ``pipeline_outputs`` hook on every rank (None where the rank holds no last stage), so every rank
+        logs the same names.
+
+        Training (``stage="train"``): the schedule, forward + backward over equal microbatches (the
+        largest count up to ``microbatches`` that divides the batch and that the schedule accepts); a
+        batch that cannot be split so (an epoch's short last batch) is skipped with a warning.
+        Evaluation: the whole batch forward through the stages in order (:func:`~mmte.parallel.pipeline.
+        forward_only`; any batch size, any schedule's placement, no bubble-filling needed).
+        """
         par = self.parallelized
-        x, y = self._pipeline_inputs(batch)
+        module = self.lightning_module
+        cfg = self.parallel_config
+        args, kwargs, target = self._pipeline_inputs(batch)
+        n = int(target.shape[0])
+        train = stage == "train"
+        if train:
+            m = microbatches_for(n, cfg.pp_schedule, cfg.microbatches, self.dims.pp, par.schedule._num_stages)
+            if m is None:
+                from lightning.pytorch.utilities import rank_zero_warn
+
+                rank_zero_warn(
+                    f"skipped a training batch of {n} samples: {cfg.pp_schedule} with pp={self.dims.pp} needs it split into "
+                    f"equal microbatches (at most {cfg.microbatches}); use batch sizes that are a multiple of {cfg.microbatches}"
+                )
+                return None
+        key = (train, _shape_key((args, kwargs)))
+        self._share_boundary(key, batch)
         losses: list[torch.Tensor] = []
-        kw = dict(target=y, losses=losses) if par.has_last_stage else {}
-        if par.has_first_stage:
-            par.schedule.step(x, **kw)
+        if train:
+            sched = par.schedule_for(key, m)
+            kw = dict(target=target, losses=losses) if par.has_last_stage else {}
+            if par.has_first_stage:
+                kw.update(kwargs)
+            out = sched.step(*args, **kw) if par.has_first_stage else sched.step(**kw)
         else:
-            par.schedule.step(**kw)
-        local = torch.stack(losses).mean().detach() if losses else torch.zeros((), device=self.root_device)
+            out = forward_only(par.stage_modules, par.owners, self.device_mesh["pp"].get_group(), *args, **kwargs)
+            if out is not None and not callable(getattr(module, "pipeline_outputs", None)):
+                losses = [self._loss_fn(module)(out, target)]
+        hook = getattr(module, "pipeline_outputs", None)
+        if callable(hook):
+            local = hook(out if par.has_last_stage else None, batch, stage, losses)
+        else:
+            local = torch.stack([x.detach().float() for x in losses]).mean() if losses else None
         # the last stage's loss reaches every rank of the pipeline
+        has = local is not None
+        local = (local.detach().float() if has else torch.zeros(())).to(self.root_device)
+        holders = torch.tensor([1.0 if has else 0.0], device=self.root_device)
         pp_group = self.device_mesh["pp"].get_group()
-        holders = torch.tensor([1.0 if losses else 0.0], device=self.root_device)
         torch.distributed.all_reduce(local, group=pp_group)
         torch.distributed.all_reduce(holders, group=pp_group)
-        return local / holders.clamp(min=1.0)
+        loss = local / holders.clamp(min=1.0)
+        log = getattr(module, "pipeline_log", None)
+        if callable(log):
+            log(batch, stage, loss)
+        else:
+            module.log(f"{stage}_loss", loss, prog_bar=True, batch_size=_batch_size(batch))
+        return loss
+
+    def _share_boundary(self, key, batch) -> None:
+        """The first stage's rank tells the other pipeline ranks what the stages will pass each other
+        (once per batch shape): shape inference on the later stages runs on uninitialised tensors, so the
+        structure cannot travel inside them."""
+        module = self.lightning_module
+        if not callable(getattr(module, "pipeline_boundary", None)):
+            return
+        known = getattr(self, "_boundaries", None)
+        if known is None:
+            known = self._boundaries = {}
+        if key not in known:
+            group = self.device_mesh["pp"].get_group()
+            obj = [module.pipeline_boundary(batch) if self.parallelized.has_first_stage and any(s.stage_index == 0 for s in self.parallelized.stages) else None]
+            torch.distributed.broadcast_object_list(obj, src=torch.distributed.get_global_rank(group, 0), group=group)
+            known[key] = obj[0]
+        module.set_pipeline_boundary(known[key])
 
     def training_step(self, *args: Any, **kwargs: Any):
         if self.dims.pp == 1 or self.parallelized is None:
@@ -250,45 +431,48 @@ class MMTEStrategy(ModelParallelStrategy):
         with self.precision_plugin.train_step_context():
             for opt in opts:
                 opt.zero_grad(set_to_none=True)
-            loss = self._run_schedule(batch)
+            loss = self._pipeline_step(batch, "train")
             for opt in opts:
                 opt.step()
             for cfg in self.lr_scheduler_configs:
                 if cfg.interval == "step":
                     cfg.scheduler.step()
-        self.lightning_module.log("train_loss", loss, prog_bar=True, batch_size=_batch_size(batch))
         return loss
+
+    def _eval_step(self, stage: str, *args: Any, **kwargs: Any):
+        batch = args[0] if args else kwargs["batch"]
+        with self.precision_plugin.val_step_context() if stage == "val" else self.precision_plugin.test_step_context():
+            return self._pipeline_step(batch, stage)
 
     def validation_step(self, *args: Any, **kwargs: Any):
         if self.dims.pp == 1 or self.parallelized is None:
             return super().validation_step(*args, **kwargs)
-        batch = args[0] if args else kwargs["batch"]
-        par = self.parallelized
-        if len(par.stages) > 1:
-            # torch 2.14's eval() of multi-stage (runtime) schedules still issues backward actions and fails
-            # ("can't steal_bwd_input"): validate with gpipe/1f1b, or skip it here
-            if not getattr(self, "_warned_pp_eval", False):
-                from lightning.pytorch.utilities import rank_zero_warn
+        return self._eval_step("val", *args, **kwargs)
 
-                rank_zero_warn(
-                    f"validation under pipeline schedule {self.parallel_config.pp_schedule!r} (several stages per rank) "
-                    "is skipped: torch.distributed.pipelining cannot run it forward-only; use gpipe or 1f1b to validate"
-                )
-                self._warned_pp_eval = True
-            return None
-        x, y = self._pipeline_inputs(batch)
-        losses: list[torch.Tensor] = []
-        kw = dict(target=y, losses=losses) if par.has_last_stage else {}
-        with torch.no_grad():
-            par.schedule.eval(x, **kw) if par.has_first_stage else par.schedule.eval(**kw)
-        local = torch.stack(losses).mean() if losses else torch.zeros((), device=self.root_device)
-        holders = torch.tensor([1.0 if losses else 0.0])
-        pp_group = self.device_mesh["pp"].get_group()
-        torch.distributed.all_reduce(local, group=pp_group)
-        torch.distributed.all_reduce(holders, group=pp_group)
-        loss = local / holders.clamp(min=1.0)
-        self.lightning_module.log("val_loss", loss, prog_bar=True, batch_size=_batch_size(batch))
-        return loss
+    def test_step(self, *args: Any, **kwargs: Any):
+        if self.dims.pp == 1 or self.parallelized is None:
+            return super().test_step(*args, **kwargs)
+        return self._eval_step("test", *args, **kwargs)
+
+    def predict_step(self, *args: Any, **kwargs: Any):
+        if self.dims.pp > 1:
+            raise ValueError(
+                "mmte predict does not run under pipeline parallel; checkpoints are portable: predict with one process "
+                "(drop the parallel fragment) or with a data/tensor-parallel one"
+            )
+        return super().predict_step(*args, **kwargs)
+
+
+def _placeholder_only(opt) -> bool:
+    """An optimizer of a pipeline rank that holds nothing to train (see MMTEModule._param_groups)."""
+    return all(getattr(p, "_mmte_placeholder", False) for g in opt.param_groups for p in g["params"])
+
+
+def _shape_key(tree) -> tuple:
+    from torch.utils._pytree import tree_flatten
+
+    leaves, _ = tree_flatten(tree)
+    return tuple((tuple(t.shape), str(t.dtype)) if isinstance(t, torch.Tensor) else type(t).__name__ for t in leaves)
 
 
 def _config_from_hparams(spec):

@@ -170,7 +170,8 @@ def tp_worker(rank: int, world: int, tmp: str) -> None:
     mesh = build_mesh(ParallelDims(dp_replicate=2, dp_shard=1).resolve(world))
     cfg = ParallelConfig(ddp={"bucket_cap_mb": 0.01, "static_graph": True})
     par = parallelize(make_model(), mesh, cfg)
-    assert type(par.model).__name__ == "DistributedDataParallel", type(par.model)
+    # composable replicate: the model keeps its attributes and FQNs (no DistributedDataParallel wrapper)
+    assert isinstance(par.model, type(ref0 := make_model())) and list(par.model.state_dict()) == list(ref0.state_dict())
     ref = make_model()
     opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (par.model, ref))
     for step in range(3):

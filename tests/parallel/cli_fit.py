@@ -1,0 +1,125 @@
+"""Run ``mmte fit`` / ``predict`` (the real CLI class, in-process) for several argument lists in one
+launch and write, per run, the global training loss of every step, the final logged metrics and (predict)
+the predicted probabilities as JSON.
+
+Usage (every rank runs the same list; rank 0 writes OUT)::
+
+    torchrun --nproc_per_node 2 tests/parallel/cli_fit.py OUT.json RUNS.json
+    python tests/parallel/cli_fit.py OUT.json RUNS.json            # one process
+
+``RUNS.json``: ``{"name": ["--config", "recipes/quickstart.yaml", ...], ...}``; an argument list may start
+with ``predict`` (default ``fit``) and hold ``--ckpt_path PATH`` and ``--stop_after_epoch N`` (fit: stop
+at the end of epoch N, keeping the schedule of the full run). A run that fails records
+``{"error": "<first line>"}`` instead (on every rank, so the launch goes on with the next run).
+The step loss is averaged over all ranks: data-parallel replicas hold different samples of one global
+batch (their mean is the global batch's loss when they hold equal shares); tensor- and
+pipeline-parallel ranks of a replica hold the same value.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+import torch
+from lightning.pytorch import Callback
+from lightning.pytorch.callbacks import LearningRateMonitor
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+class StepLosses(Callback):
+    def __init__(self):
+        self.losses: list[float] = []
+        self.trainable: dict[str, float] = {}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if loss is None:
+            return
+        t = loss.detach().float().reshape(()).clone()
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(t)
+            t /= torch.distributed.get_world_size()
+        self.losses.append(float(t))
+
+    def on_train_end(self, trainer, pl_module):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(pl_module, options=StateDictOptions(full_state_dict=True))
+        trainable = {n for n, p in pl_module.named_parameters() if p.requires_grad}
+        mine = {k: float(v.double().abs().sum()) for k, v in sd.items() if k in trainable}
+        if torch.distributed.is_initialized():
+            parts = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(parts, mine)
+            for p in parts:
+                mine.update(p)
+        self.trainable = mine
+
+
+class StopAfterEpoch(Callback):
+    def __init__(self, epoch: int):
+        self.epoch = epoch
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if trainer.current_epoch + 1 >= self.epoch:
+            trainer.should_stop = True
+
+
+def _pop(args: list[str], flag: str) -> str | None:
+    if flag in args:
+        i = args.index(flag)
+        value = args[i + 1]
+        del args[i : i + 2]
+        return value
+    return None
+
+
+def run(args: list[str]) -> dict:
+    from mmte.cli import _cli_class
+
+    args = list(args)
+    command = args.pop(0) if args and args[0] in ("fit", "predict") else "fit"
+    ckpt, stop = _pop(args, "--ckpt_path"), _pop(args, "--stop_after_epoch")
+    cb = StepLosses()
+    callbacks = [LearningRateMonitor(logging_interval="step"), cb] + ([StopAfterEpoch(int(stop))] if stop else [])
+    cli = _cli_class()(args=args, run=False, trainer_defaults={"callbacks": callbacks})
+    if command == "predict":
+        outs = cli.trainer.predict(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt)
+        probs = [o[h]["prob"].tolist() for o in outs for h in o if isinstance(o[h], dict) and "prob" in o[h]]
+        return {"probs": [row for batch in probs for row in batch]}
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt)
+    metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items() if v.numel() == 1}
+    ckpt_dir = cli.config.checkpoint.dirpath
+    return {"losses": cb.losses, "metrics": metrics, "trainable_abs_sums": cb.trainable,
+            "checkpoints": sorted(os.listdir(ckpt_dir)) if ckpt_dir and os.path.isdir(ckpt_dir) else []}
+
+
+def main() -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    out, runs = sys.argv[1], json.loads(open(sys.argv[2]).read())
+    results = {}
+    rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+    for name, args in runs.items():
+        try:
+            results[name] = run(args)
+        except Exception as e:  # noqa: BLE001 - reported to the test, then the launch ends
+            traceback.print_exc()
+            results[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+            # the other ranks may wait in a collective of this run forever: record and end the whole launch
+            with open(f"{out}.error-{os.environ.get('RANK', '0')}", "w") as f:
+                json.dump({name: results[name]}, f)
+            sys.stdout.flush()
+            os._exit(1)
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
+        if rank0:  # written after every run, so a later failure keeps the earlier results
+            with open(out, "w") as f:
+                json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
