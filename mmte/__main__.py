@@ -1,4 +1,6 @@
+import sys
+
 from mmte.cli import main
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterator
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar
 
+from .errors import UnknownNameError, UsageError
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -24,6 +26,10 @@ class Registry(Generic[T]):
             (once, lazily) the first time the registry is read. Loading an entry point is expected to
             register itself (e.g. a decorated class); if it returns an object that is not yet
             registered, it is registered under the entry point's name.
+
+    Names are unique: registering a taken name (without ``override=True``), or a plug-in entry point named
+    like an existing entry, is a :class:`~mmte.errors.UsageError` naming both sources (module and class,
+    or entry point and distribution). Built-ins are registered before anything else can be.
     """
 
     def __init__(self, kind: str, entry_point_group: str | None = None):
@@ -39,12 +45,26 @@ class Registry(Generic[T]):
             key = name or getattr(o, "name", None) or getattr(o, "__name__", None)
             if not isinstance(key, str) or not key:
                 raise ValueError(f"cannot register {o!r} as a {self.kind}: no name given")
+            self._before_register()
             if key in self._items and self._items[key] is not o and not override:
-                raise ValueError(f"{self.kind} {key!r} is already registered ({self._items[key]!r})")
+                raise UsageError(
+                    f"{self.kind} {key!r} is already registered by {self._source(self._items[key])}; {self._source(o)} registers it again",
+                    f"expected a {self.kind} name not taken yet",
+                    "register it under another name (or pass override=True to replace the first)",
+                )
             self._items[key] = o
             return o
 
         return add(obj) if obj is not None else add
+
+    def _before_register(self) -> None:
+        """Hook run before every registration (the modality registry imports its built-ins here)."""
+
+    def _source(self, obj: Any) -> str:
+        """Where ``obj`` comes from, for messages: ``module.QualName``."""
+        o = getattr(obj, "tokenizer", obj)  # a spec names its class
+        mod, qual = getattr(o, "__module__", None), getattr(o, "__qualname__", None)
+        return f"{mod}.{qual}" if mod and qual else repr(obj)
 
     def unregister(self, name: str) -> None:
         self._items.pop(name, None)
@@ -54,9 +74,18 @@ class Registry(Generic[T]):
             return
         self._entry_points_loaded = True
         for ep in entry_points(group=self.entry_point_group):
+            old = self._items.get(ep.name)
+            if old is not None and not self._from_module(old, ep.module):
+                dist = f" of distribution {ep.dist.name} {ep.dist.version}" if getattr(ep, "dist", None) is not None else ""
+                raise UsageError(
+                    f"{self.kind} plug-in {ep.name!r} (entry point {ep.name} = {ep.value}{dist}) clashes with the {self.kind} "
+                    f"{ep.name!r} registered by {self._source(old)}",
+                    f"expected plug-ins to use new {self.kind} names",
+                    f"rename the entry point in the plug-in's metadata, or uninstall it{' (' + ep.dist.name + ')' if dist else ''}",
+                )
             try:
                 obj = ep.load()
-            except Exception as e:  # a broken plug-in must not break the library
+            except Exception as e:  # noqa: BLE001 - a broken plug-in must not break the library
                 logger.warning("could not load %s entry point %r (%s): %s", self.kind, ep.name, ep.value, e)
                 continue
             if ep.name in self._items:
@@ -65,6 +94,11 @@ class Registry(Generic[T]):
             if item is not None:
                 self.register(ep.name, item)
             logger.info("loaded %s plug-in %r from %s", self.kind, ep.name, ep.value)
+
+    def _from_module(self, obj: Any, module: str) -> bool:
+        """Whether ``obj`` was defined in ``module`` (an entry point re-scanned after it registered itself)."""
+        o = getattr(obj, "tokenizer", obj)
+        return getattr(o, "__module__", None) == module
 
     def _from_entry_point(self, name: str, obj: Any) -> T | None:
         """What to register for a loaded entry point (None: nothing, e.g. it registered itself on import).
@@ -80,8 +114,7 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         self._load_entry_points()
         if name not in self._items:
-            known = ", ".join(sorted(self._items)) or "(none)"
-            raise KeyError(f"unknown {self.kind} {name!r}; registered: {known}")
+            raise UnknownNameError(self.kind, name, self._items)
         return self._items[name]
 
     def create(self, name: str, *args: Any, **kwargs: Any) -> Any:

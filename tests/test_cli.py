@@ -240,3 +240,18 @@ def test_resume_after_sigkill_matches_uninterrupted(tmp_path):
     assert ma["epoch"] == mb["epoch"] == 3
     for k in ("val_loss", "val_acc", "train_loss_epoch"):
         assert abs(ma[k] - mb[k]) <= 1e-6, (k, ma[k], mb[k])
+
+
+def test_entry_flags_merge_into_the_recipe_entry(capsys):
+    """``--model.heads.<name>.<option>`` changes one option of the recipe's head (the parser alone would
+    replace the whole entry, dropping its name and other options silently); the same for tokenizers."""
+    import yaml
+
+    recipe = str(Path(__file__).resolve().parents[1] / "recipes" / "etth1_forecast.yaml")
+    assert main(["fit", "--config", recipe, "--model.heads.forecast.dropout", "0.0", "--model.tokenizers.time_series.patch_len=8",
+                 "--print_config"]) == 0
+    model = yaml.safe_load(capsys.readouterr().out)["model"]
+    assert model["heads"] == {"forecast": {"name": "forecasting", "num_patches": "auto", "dropout": 0.0}}
+    assert model["tokenizers"] == {"time_series": {"name": "time_series", "patch_len": 8, "stride": 8, "max_patches": 64}}
+    assert main(["fit", "--config", recipe, "--model.heads.fc.dropout", "0.0", "--print_config"]) == 2
+    assert "mmte: error: --model.heads.fc.dropout: the model has no head 'fc', expected one of: forecast" in capsys.readouterr().err

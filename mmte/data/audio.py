@@ -41,7 +41,9 @@ def load_audio(path: str | os.PathLike) -> tuple[torch.Tensor, int]:
     import soundfile as sf
 
     data, sr = sf.read(os.fspath(path), dtype="float32", always_2d=True)
-    return torch.from_numpy(np.ascontiguousarray(data.mean(1))), int(sr)
+    w = torch.from_numpy(np.ascontiguousarray(data.mean(1)))
+    check_waveform(w, f"audio file {os.fspath(path)}")
+    return w, int(sr)
 
 
 def check_waveform(waveform: torch.Tensor, what: str = "waveform") -> torch.Tensor:
@@ -58,8 +60,11 @@ def check_waveform(waveform: torch.Tensor, what: str = "waveform") -> torch.Tens
         raise ValueError(f"{what} must be floating point in [-1, 1]; got dtype {waveform.dtype}")
     bad = ~torch.isfinite(waveform)
     if bool(bad.any()):
+        from ..errors import NonFiniteError
+
         i = int(bad.nonzero()[0, 0])
-        raise ValueError(f"{what} has a non-finite sample ({float(waveform[i])}) at index {i} of {waveform.shape[0]}; expected finite values")
+        raise NonFiniteError(f"{what} has a non-finite sample ({float(waveform[i])}) at index {i} of {waveform.shape[0]} "
+                             f"({int(bad.sum())} in all)", "expected finite samples", "replace or drop the file")
     return waveform.float()
 
 

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import DataError, NonFiniteError
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -269,6 +271,10 @@ def _check_one(path: str, modality: str) -> None:
         info = sf.info(path)
         if info.frames <= 0:
             raise ValueError("no audio frames")
+        if info.subtype in ("FLOAT", "DOUBLE"):  # only float samples can be NaN/inf (PCM and decoded formats cannot)
+            from .audio import load_audio
+
+            load_audio(path)  # every sample finite (the message names the file), before any training step
     elif modality in ("image", "infrared", "xray"):
         from PIL import Image
 
@@ -297,6 +303,8 @@ def check_files(paths: Sequence[str], modality: str, on_corrupt: str = "error") 
         try:
             _check_one(p, modality)
         except Exception as e:  # noqa: BLE001 (any decoder error means the file is unusable)
+            if on_corrupt == "error" and isinstance(e, NonFiniteError):
+                raise NonFiniteError(e.what, e.expected, f"{e.fix}, or set on_corrupt: skip to drop such files") from None
             if on_corrupt == "error":
                 raise ValueError(f"corrupt {modality} file {p!r}: {type(e).__name__}: {str(e).strip() or 'unreadable'} (set on_corrupt: skip to drop such files)") from None
             bad.append(p)
@@ -337,6 +345,9 @@ def read_table(path: str | os.PathLike, columns: Sequence[str], cache_dir: str |
         if suffix not in kinds:
             raise ValueError(f"table file must be .csv, .tsv or .parquet; got {p!r}")
         header = _table_columns(p, kinds[suffix])
+        if kinds[suffix] == "csv" and not _has_data_rows(p):
+            raise DataError(f"table {p} has a header ({', '.join(map(str, header))}) but no data rows", "expected at least one row below the header",
+                            "point path at a file with data")
         missing = [c for c in columns if c not in header]
         if missing:
             raise ValueError(f"{p} lacks column(s) {missing}; it has {header}")
@@ -346,6 +357,12 @@ def read_table(path: str | os.PathLike, columns: Sequence[str], cache_dir: str |
     if missing:
         raise ValueError(f"{p} lacks column(s) {missing}; it has {ds.column_names}")
     return ds
+
+
+def _has_data_rows(path: str) -> bool:
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        fh.readline()
+        return any(line.strip() for line in fh)
 
 
 def _table_columns(path: str, kind: str) -> list[str]:

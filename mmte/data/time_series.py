@@ -53,7 +53,18 @@ def load_csv_series(path: str | os.PathLike, columns: Sequence[str] | None = Non
         if missing:
             raise ValueError(f"columns {missing} are not in {os.fspath(path)}; it has {list(df.columns)}")
         df = df[list(columns)]
-    return df.to_numpy(dtype=np.float32), list(df.columns)
+    try:
+        values = df.to_numpy(dtype=np.float64)
+    except ValueError as e:
+        from ..errors import DataError
+
+        bad = next((c for c in df.columns if not pd.api.types.is_numeric_dtype(df[c])), None)
+        raise DataError(f"{os.fspath(path)}: column {bad!r} is not numeric ({e})", "expected numeric columns besides the time column",
+                        "select numeric columns with columns: [...] or set time_column") from None
+    from .finite import check_finite_table
+
+    check_finite_table(values, list(df.columns), os.fspath(path))
+    return values.astype(np.float32), list(df.columns)
 
 
 def read_series(

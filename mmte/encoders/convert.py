@@ -29,10 +29,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "Encoder",
+    "deinterleave_qkv",
     "from_hf",
     "from_timm",
     "interleave_qkv",
-    "deinterleave_qkv",
     "load_meta_transformer",
     "load_state_dict_file",
     "load_strict",
@@ -56,24 +56,49 @@ def deinterleave_qkv(t: Tensor, num_heads: int) -> Tensor:
     return t.reshape(num_heads, 3, -1, *rest).transpose(0, 1).reshape(t.shape)
 
 
-def load_state_dict_file(path: str | os.PathLike) -> dict[str, Tensor]:
+def load_state_dict_file(path: str | os.PathLike, check_finite: bool = True) -> dict[str, Tensor]:
     """Read a checkpoint safely: ``.safetensors`` via safetensors, else ``torch.load(weights_only=True)``.
 
     A wrapper dict (``{"state_dict": ...}``, ``{"model": ...}``, ``{"module": ...}``) is unwrapped.
+
+    Raises:
+        FileNotFoundError: no such file.
+        mmte.errors.UsageError: the file is malformed or truncated, or holds no state dict (the file named).
+        mmte.errors.NonFiniteError: with ``check_finite``, a floating tensor holds NaN/inf (file and tensor named).
     """
+    from ..errors import NonFiniteError, UsageError
+
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint file not found: {path}")
-    if path.endswith(".safetensors"):
-        from safetensors.torch import load_file
+    try:
+        if path.endswith(".safetensors"):
+            from safetensors.torch import load_file
 
-        return load_file(path)
-    sd = torch.load(path, map_location="cpu", weights_only=True)
+            sd = load_file(path)
+        else:
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - every reader error means the file cannot be used
+        first = (str(e).strip().splitlines() or [""])[0][:160]
+        kind = "safetensors" if path.endswith(".safetensors") else "torch.save"
+        raise UsageError(f"weights file {path} is malformed or truncated ({type(e).__name__}: {first})",
+                         f"expected a complete {kind} file of tensors", "replace it (e.g. write it again with mmte convert)") from None
     for key in ("state_dict", "model", "module"):
         if isinstance(sd, dict) and key in sd and isinstance(sd[key], dict):
             sd = sd[key]
     if not isinstance(sd, dict):
-        raise ValueError(f"{path} does not hold a state dict (got {type(sd).__name__})")
+        raise UsageError(f"{path} does not hold a state dict (got {type(sd).__name__})", "expected a mapping of names to tensors",
+                         "point at a weights file")
+    if check_finite:
+        for k, t in sd.items():
+            if isinstance(t, Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                bad = ~torch.isfinite(t)
+                i = int(bad.reshape(-1).nonzero()[0, 0])
+                raise NonFiniteError(
+                    f"weights file {path}: tensor {k!r} {list(t.shape)} holds {int(bad.sum())} non-finite value(s) (first: "
+                    f"{t.reshape(-1)[i].item()} at flat index {i})",
+                    "expected finite weights", "use an intact copy of the weights",
+                )
     return sd
 
 
@@ -339,7 +364,7 @@ def open_clip_to_mmte(
     extra = {"norm_pre.weight": sd["ln_pre.weight"], "norm_pre.bias": sd["ln_pre.bias"], "norm.weight": sd["ln_post.weight"], "norm.bias": sd["ln_post.bias"]}
     backbone = _build(config, layers, extra, fused, "OpenCLIP visual transformer")
     pos = sd["positional_embedding"]
-    grid = int(round((pos.shape[0] - 1) ** 0.5))
+    grid = round((pos.shape[0] - 1) ** 0.5)
     tok = ImageTokenizer(d, grid * patch, patch, in_chans, patch_bias=False)
     load_strict(tok, {"proj.weight": conv, "cls_token": sd["class_embedding"].reshape(1, 1, d), "pos_embed": pos[None]}, "OpenCLIP patch embedding")
     return Encoder(tok, backbone)
@@ -450,9 +475,9 @@ def _from_hf_bert(model: nn.Module, fused: bool) -> Encoder:
     names = _pick_names(
         sd,
         [
-            dict(layer="encoder.layer.{i}.", q="attention.self.query", k="attention.self.key", v="attention.self.value",
-                 o="attention.output.dense", n1="attention.output.LayerNorm", n2="output.LayerNorm",
-                 fc1="intermediate.dense", fc2="output.dense"),
+            {"layer": "encoder.layer.{i}.", "q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
+                 "o": "attention.output.dense", "n1": "attention.output.LayerNorm", "n2": "output.LayerNorm",
+                 "fc1": "intermediate.dense", "fc2": "output.dense"},
         ],
     )
     n = cfg.num_hidden_layers
@@ -486,11 +511,11 @@ def _from_hf_vit(model: nn.Module, fused: bool) -> Encoder:
     names = _pick_names(
         sd,
         [
-            dict(layer="layers.{i}.", q="attention.q_proj", k="attention.k_proj", v="attention.v_proj", o="attention.o_proj",
-                 n1="layernorm_before", n2="layernorm_after", fc1="mlp.fc1", fc2="mlp.fc2"),
-            dict(layer="encoder.layer.{i}.", q="attention.attention.query", k="attention.attention.key",
-                 v="attention.attention.value", o="attention.output.dense", n1="layernorm_before", n2="layernorm_after",
-                 fc1="intermediate.dense", fc2="output.dense"),
+            {"layer": "layers.{i}.", "q": "attention.q_proj", "k": "attention.k_proj", "v": "attention.v_proj", "o": "attention.o_proj",
+                 "n1": "layernorm_before", "n2": "layernorm_after", "fc1": "mlp.fc1", "fc2": "mlp.fc2"},
+            {"layer": "encoder.layer.{i}.", "q": "attention.attention.query", "k": "attention.attention.key",
+                 "v": "attention.attention.value", "o": "attention.output.dense", "n1": "layernorm_before", "n2": "layernorm_after",
+                 "fc1": "intermediate.dense", "fc2": "output.dense"},
         ],
     )
     n = cfg.num_hidden_layers
@@ -522,8 +547,8 @@ def _from_hf_clip_vision(model: nn.Module, fused: bool) -> Encoder:
     names = _pick_names(
         sd,
         [
-            dict(layer="encoder.layers.{i}.", q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj",
-                 o="self_attn.out_proj", n1="layer_norm1", n2="layer_norm2", fc1="mlp.fc1", fc2="mlp.fc2"),
+            {"layer": "encoder.layers.{i}.", "q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
+                 "o": "self_attn.out_proj", "n1": "layer_norm1", "n2": "layer_norm2", "fc1": "mlp.fc1", "fc2": "mlp.fc2"},
         ],
     )
     n = cfg.num_hidden_layers

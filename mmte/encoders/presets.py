@@ -97,6 +97,8 @@ def list_presets() -> list[str]:
 def get_preset(name: str, **overrides) -> BackboneConfig:
     """A preset's config, optionally with fields overridden (``get_preset("tiny", num_layers=4)``)."""
     if name not in PRESETS:
-        raise KeyError(f"unknown backbone preset {name!r}; available: {', '.join(list_presets())}")
+        from ..errors import UnknownNameError
+
+        raise UnknownNameError("backbone preset", name, list_presets(), "set model.backbone to one of them")
     cfg = PRESETS[name]
     return cfg.replace(**overrides) if overrides else cfg

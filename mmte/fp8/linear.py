@@ -29,11 +29,17 @@ Scaling state (delayed scaling) lives in buffers that ``state_dict`` saves, so a
 with its amax history: ``fp8_amax_history`` [3, L] (rows: input, weight, output gradient; newest first),
 ``fp8_scale`` [3] and ``fp8_amax_pending`` [3] (amaxes recorded since the last update). A checkpoint
 without them (a high-precision model's) loads with fresh scaling state.
+
+Bad amaxes (delayed scaling): an update whose amax is 0 or not finite keeps the history and the scale as
+they were; ``fp8_bad_amax`` [2, 3] (not saved) counts, per role, the consecutive non-finite updates (row
+0) and all skipped updates (row 1). :func:`check_bad_amax` (called once per update round by
+:mod:`mmte.fp8.autocast`) logs the first one and raises after ``recipe.max_bad_amax_steps`` in a row.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 
 import torch
@@ -47,7 +53,9 @@ from .gemm import fp8_gemm, select_gemm
 from .quantize import QuantizedTensor, amax, quantize_blockwise, quantize_mx, quantize_tensorwise, scale_from_amax
 from .recipes import MXFP8, BlockScaling, DelayedScaling, Recipe, delayed_scale
 
-__all__ = ["FP8Linear", "ROLES"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["ROLES", "FP8Linear", "check_bad_amax"]
 
 ROLES = ("input", "weight", "grad_output")
 _IN, _W, _GRAD = 0, 1, 2
@@ -177,6 +185,7 @@ class FP8Linear(Linear):
         self.register_buffer("fp8_amax_history", torch.zeros(3, hist, device=dev))
         self.register_buffer("fp8_scale", torch.ones(3, device=dev))
         self.register_buffer("fp8_amax_pending", torch.zeros(3, device=dev))
+        self.register_buffer("fp8_bad_amax", torch.zeros(2, 3, dtype=torch.int32, device=dev), persistent=False)
         self.fp8_inference = False
         self.weight_block: tuple[int, int] | None = None
 
@@ -217,6 +226,8 @@ class FP8Linear(Linear):
                 self.fp8_amax_history.zero_()
                 self.fp8_scale.fill_(1.0)
                 self.fp8_amax_pending.zero_()
+                if hasattr(self, "fp8_bad_amax"):
+                    self.fp8_bad_amax.zero_()
 
     def extra_repr(self) -> str:
         mode = ", inference weights" if self.fp8_inference else ""
@@ -241,9 +252,8 @@ class FP8Linear(Linear):
         # a checkpoint saved between a backward and the next forward holds a pending gradient amax:
         # queue it so the next autocast entry applies it, exactly as in the run that saved it
         p = self.fp8_amax_pending
-        if present["fp8_amax_pending"] and isinstance(self.fp8_recipe, DelayedScaling) and p.device.type != "meta":
-            if bool(p[_GRAD] != 0):
-                _register_backward(self, self.fp8_recipe, None)
+        if present["fp8_amax_pending"] and isinstance(self.fp8_recipe, DelayedScaling) and p.device.type != "meta" and bool(p[_GRAD] != 0):
+            _register_backward(self, self.fp8_recipe, None)
 
     # --- quantization --------------------------------------------------------------------------------
     def _ensure_history(self, length: int) -> None:
@@ -279,13 +289,22 @@ class FP8Linear(Linear):
         if not isinstance(recipe, DelayedScaling):
             return
         self._ensure_history(recipe.amax_history_len)
+        bad = self.fp8_bad_amax
         for r in roles:
             fmt = recipe.fp8_format.bwd if r == _GRAD else recipe.fp8_format.fwd
-            h = self.fp8_amax_history[r]
-            h.copy_(torch.roll(h, 1))
-            h[0] = self.fp8_amax_pending[r]
+            a = self.fp8_amax_pending[r].clone()
             self.fp8_amax_pending[r] = 0.0
-            self.fp8_scale[r] = delayed_scale(h, self.fp8_scale[r], fmt.max, recipe.margin, recipe.amax_compute_algo)
+            finite = torch.isfinite(a)
+            good = finite & (a > 0)
+            # only a usable amax enters the history; 0 or inf/NaN keep history and scale as they were
+            h = self.fp8_amax_history[r]
+            pushed = torch.roll(h, 1)
+            pushed[0] = torch.where(good, a, 0.0)
+            h.copy_(torch.where(good, pushed, h))
+            self.fp8_scale[r] = torch.where(good, delayed_scale(h, self.fp8_scale[r], fmt.max, recipe.margin, recipe.amax_compute_algo),
+                                            self.fp8_scale[r])
+            bad[0, r] = torch.where(~finite, bad[0, r] + 1, torch.where(good, torch.zeros_like(bad[0, r]), bad[0, r]))
+            bad[1, r] += (~good).to(bad.dtype)
 
     # --- forward -------------------------------------------------------------------------------------
     def _rows(self, x: torch.Tensor, recipe: Recipe, in_features: int | None = None) -> tuple[torch.Tensor, int]:
@@ -409,3 +428,45 @@ class FP8Linear(Linear):
             y = y + self.bias.float()
         out_dtype = _out_dtype(x)
         return y[:m].to(out_dtype).reshape(*x.shape[:-1], self.out_features)
+
+
+_BAD_AMAX_LOGGED: set[str] = set()
+
+
+@torch.no_grad()
+def check_bad_amax(modules: list[FP8Linear]) -> None:
+    """After an update round: log the first skipped (0 / non-finite) amax once, and raise
+    :class:`mmte.errors.RunError` when a tensor's consecutive non-finite updates reach its recipe's
+    ``max_bad_amax_steps`` (one host sync for all modules)."""
+    mods = [m for m in modules if isinstance(m, FP8Linear) and isinstance(m.fp8_recipe, DelayedScaling) and hasattr(m, "fp8_bad_amax")]
+    if not mods:
+        return
+    def local(t: torch.Tensor) -> torch.Tensor:  # TP turns the buffers into (replicated) DTensors
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    counts = torch.stack([local(m.fp8_bad_amax) for m in mods])  # [M, 2, 3]
+    run, total = (int(v) for v in counts.amax(dim=(0, 2)).tolist())
+    if total == 0:
+        return
+    if run > 0 and "nonfinite" not in _BAD_AMAX_LOGGED:
+        _BAD_AMAX_LOGGED.add("nonfinite")
+        logger.warning("FP8 delayed scaling: a non-finite amax (inf/NaN); the previous scale was kept and the step counted "
+                       "(training stops after max_bad_amax_steps in a row)")
+    elif "zero" not in _BAD_AMAX_LOGGED and run == 0:
+        _BAD_AMAX_LOGGED.add("zero")
+        logger.info("FP8 delayed scaling: an amax of 0 (an all-zero tensor); the previous scale was kept")
+    if run == 0:
+        return
+    for m, c in zip(mods, counts):
+        limit = m.fp8_recipe.max_bad_amax_steps
+        worst = int(c[0].max())
+        if limit and worst >= limit:
+            from ..errors import RunError
+
+            role = ROLES[int(c[0].argmax())]
+            raise RunError(
+                f"FP8 delayed scaling saw a non-finite amax (inf/NaN) in {worst} consecutive updates of the {role} of "
+                f"FP8Linear({m.in_features}, {m.out_features}) (scale kept at {float(local(m.fp8_scale)[ROLES.index(role)]):.4g})",
+                "expected finite activations and gradients (the model or the loss has diverged)",
+                "lower --model.lr or check the data; to tolerate more, raise max_bad_amax_steps in the precision fragment's recipe_args",
+            )

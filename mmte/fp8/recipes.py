@@ -11,7 +11,10 @@ data. After each step the newest amax is pushed into a history of ``amax_history
     amax  = max(history)            (amax_compute_algo="max")   or   history[0]   ("most_recent")
     scale = (fp8_max / amax) / 2 ** margin
 
-and when ``amax`` is 0 or not finite (a tensor of zeros, an overflowed step) the old scale is kept.
+An amax that is 0 (a tensor of zeros) or not finite (an overflowed step) is *not* pushed into the history
+(one NaN would otherwise poison ``max(history)`` for ``amax_history_len`` steps): the old scale is kept,
+the step is counted and logged once, and ``max_bad_amax_steps`` consecutive non-finite amaxes in one
+tensor stop training with an error (:class:`mmte.errors.RunError`).
 Values that outgrow a stale scale saturate at ``fp8_max``. ``margin`` leaves headroom (margin=1 uses
 half the range). A tensor with no history yet (its first step) is scaled just in time from its own amax
 (TE starts from scale 1, which loses small values such as first-step gradients to underflow).
@@ -47,11 +50,11 @@ from .formats import Format, get_format
 
 __all__ = [
     "GEMM_CHOICES",
+    "MXFP8",
     "RECIPES",
     "BlockScaling",
     "CurrentScaling",
     "DelayedScaling",
-    "MXFP8",
     "Recipe",
     "delayed_scale",
     "make_recipe",
@@ -111,12 +114,15 @@ class DelayedScaling(Recipe):
         amax_compute_algo: ``"max"`` of the history or its ``"most_recent"`` entry.
         reduce_amax: all-reduce (max) amaxes across the autocast's process group before each update,
             so every data-/tensor-parallel rank uses the same scales.
+        max_bad_amax_steps: consecutive updates with a non-finite amax (inf/NaN) in one tensor after which
+            training stops with an error; 0: never stop (the scale is kept and the steps counted anyway).
     """
 
     margin: int = 0
     amax_history_len: int = 1024
     amax_compute_algo: str = "max"
     reduce_amax: bool = True
+    max_bad_amax_steps: int = 8
 
     def __post_init__(self):
         super().__post_init__()
@@ -126,6 +132,8 @@ class DelayedScaling(Recipe):
             raise ValueError(f"amax_compute_algo must be 'max' or 'most_recent'; got {self.amax_compute_algo!r}")
         if not isinstance(self.margin, int) or self.margin < 0:
             raise ValueError(f"margin must be an int >= 0; got {self.margin!r}")
+        if not isinstance(self.max_bad_amax_steps, int) or isinstance(self.max_bad_amax_steps, bool) or self.max_bad_amax_steps < 0:
+            raise ValueError(f"max_bad_amax_steps must be an int >= 0 (0: never stop); got {self.max_bad_amax_steps!r}")
 
     @property
     def needs_history(self) -> bool:

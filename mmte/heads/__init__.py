@@ -8,6 +8,7 @@ Third-party heads register with :func:`register_head` or the entry-point group `
 
 from __future__ import annotations
 
+from ..errors import UnknownNameError
 from ..registry import Registry
 from .base import POOLINGS, Head, masked_pool
 from .heads import ClassificationHead, ContrastiveHead, ForecastingHead, RegressionHead, TokenHead, info_nce, pool_sequence
@@ -48,11 +49,15 @@ def list_heads(pattern: str = "*") -> list[str]:
     return HEADS.list(pattern)
 
 
-class UnknownHeadError(ValueError, KeyError):
-    """An unknown head name (a ``ValueError`` and a ``KeyError``)."""
+class UnknownHeadError(UnknownNameError):
+    """An unknown head name (a ``ValueError`` and a ``KeyError``), listing the registered heads and the
+    closest one."""
 
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
+    def __init__(self, name: object, known, fix: str = "set the head's name: to one of them"):
+        super().__init__("head", name, known, fix)
+
+    def __reduce__(self):
+        return (type(self), (self.name, self.known, self.fix))
 
 
 def get_head(name: str) -> type[Head]:
@@ -62,7 +67,7 @@ def get_head(name: str) -> type[Head]:
         UnknownHeadError: naming the registered heads.
     """
     if name not in HEADS:
-        raise UnknownHeadError(f"unknown head {name!r}; registered heads: {', '.join(HEADS.list())}")
+        raise UnknownHeadError(name, HEADS.list())
     return HEADS.get(name)
 
 

@@ -56,13 +56,15 @@ class AudioTokenizer(ModalityTokenizer):
         device: torch.device | str | None = None,
     ):
         super().__init__(dim)
+        if patch_size < 1 or stride < 1:
+            raise ValueError(f"audio patch_size and stride must be positive; got {patch_size}, {stride}")
         if num_mel_bins < patch_size or max_frames < patch_size:
             raise ValueError(f"num_mel_bins ({num_mel_bins}) and max_frames ({max_frames}) must be >= patch_size ({patch_size})")
         self.num_mel_bins, self.max_frames, self.patch_size, self.stride = num_mel_bins, max_frames, patch_size, stride
         self.sample_rate, self.fbank_mean, self.fbank_std = sample_rate, fbank_mean, fbank_std
         self.freq_grid = _grid(num_mel_bins, patch_size, stride)
         self.max_time_grid = _grid(max_frames, patch_size, stride)
-        kw = dict(device=device, dtype=params_dtype)
+        kw = {"device": device, "dtype": params_dtype}
         self.proj = nn.Conv2d(1, dim, patch_size, stride, **kw)
         self.cls_token = nn.Parameter(torch.empty(1, 1, dim, **kw)) if cls_token else None
         self.num_prefix_tokens = int(cls_token)

@@ -3,7 +3,6 @@ resampled (bicubic) for other resolutions."""
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -13,8 +12,11 @@ from .base import ModalityTokenizer, TokenSeq
 __all__ = ["ImageTokenizer", "patch_grid", "resample_pos_embed"]
 
 
-def _pair(x: int | tuple[int, int]) -> tuple[int, int]:
-    return (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))
+def _pair(x: int | tuple[int, int], name: str = "patch_size") -> tuple[int, int]:
+    p = (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))
+    if p[0] < 1 or p[1] < 1:
+        raise ValueError(f"{name} must be positive; got {x!r}")
+    return p
 
 
 def patch_grid(
@@ -22,7 +24,7 @@ def patch_grid(
 ) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
     """``(img_size, patch_size, grid_size)`` as (h, w) pairs; ``ValueError`` when the image does not
     divide into whole patches."""
-    img, patch = _pair(img_size), _pair(patch_size)
+    img, patch = _pair(img_size, "img_size"), _pair(patch_size)
     if any(i % p for i, p in zip(img, patch)):
         raise ValueError(f"img_size {img} must be a multiple of patch_size {patch}")
     return img, patch, (img[0] // patch[0], img[1] // patch[1])
@@ -85,7 +87,7 @@ class ImageTokenizer(ModalityTokenizer):
         self.in_chans = in_chans
         self.no_embed_class = no_embed_class
         self.dynamic_img_size = dynamic_img_size
-        kw = dict(device=device, dtype=params_dtype)
+        kw = {"device": device, "dtype": params_dtype}
         self.proj = nn.Conv2d(in_chans, dim, self.patch_size, self.patch_size, bias=patch_bias, **kw)
         self.cls_token = nn.Parameter(torch.empty(1, 1, dim, **kw)) if cls_token else None
         self.reg_token = nn.Parameter(torch.empty(1, num_reg_tokens, dim, **kw)) if num_reg_tokens else None

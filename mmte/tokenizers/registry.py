@@ -23,16 +23,20 @@ module or object whose import registers the modality; a bare tokenizer class or 
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import importlib
 import inspect
 import logging
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
+from ..errors import UnknownNameError, UsageError, closest
 from ..registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -65,11 +69,15 @@ _BUILTIN_MODULES = (
 _NOT_CONFIG = {"self", "dim", "params_dtype", "device"}
 
 
-class UnknownModalityError(ValueError, KeyError):
-    """An unknown modality name (a ``ValueError`` and, for dict-like callers, a ``KeyError``)."""
+class UnknownModalityError(UnknownNameError):
+    """An unknown modality name (a ``ValueError`` and, for dict-like callers, a ``KeyError``), listing the
+    registered modalities and the closest one."""
 
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
+    def __init__(self, name: object, known, fix: str = "see mmte modalities"):
+        super().__init__("modality", name, known, fix)
+
+    def __reduce__(self):
+        return (type(self), (self.name, self.known, self.fix))
 
 
 def config_from_signature(cls: type) -> type:
@@ -131,18 +139,40 @@ class ModalitySpec:
             raise ValueError(f"modality {self.name!r}: default_head needs a 'name'; got {self.default_head!r}")
 
     def make_config(self, **config: Any):
-        """Validate keyword arguments against the config dataclass."""
+        """Validate keyword arguments against the config dataclass (names, and types where the tokenizer's
+        ``__init__`` annotates them: ``patch_size: "4"`` is refused, naming the option)."""
         names = [f.name for f in dataclasses.fields(self.config)]
         unknown = sorted(set(config) - set(names))
         if unknown:
-            raise ValueError(f"unknown {self.name} tokenizer option(s) {unknown}; expected some of {names}")
+            hit = closest(unknown[0], names)
+            raise UsageError(f"unknown {self.name} tokenizer option(s) {unknown}", f"expected some of {names}"
+                             + (f" (did you mean {hit[0]!r}?)" if hit else ""), "fix or drop them")
+        hints = _init_hints(self.tokenizer)
+        for k, v in config.items():
+            hint = hints.get(k)
+            if hint is not None and not _type_ok(v, hint):
+                fix = f"write {k}: {v}" if isinstance(v, str) and v.strip().lstrip("-").replace(".", "", 1).isdigit() else "see the tokenizer's docstring"
+                raise UsageError(f"{self.name} tokenizer option {k} is {v!r} (a {type(v).__name__})", f"expected {_hint_text(hint)}",
+                                 fix + (" (no quotes: a quoted number is a string)" if isinstance(v, str) else ""))
         try:
             return self.config(**config)
         except TypeError as e:
-            raise ValueError(f"invalid {self.name} tokenizer config {config}: {e}") from None
+            raise UsageError(f"invalid {self.name} tokenizer config {config} ({e})", f"expected the options {names}", "fix the recipe") from None
 
-    def create(self, dim: int, **config: Any) -> nn.Module:
-        """Build the tokenizer: ``tokenizer(dim=dim, **config)`` after validation."""
+    def create(self, *args: Any, **config: Any) -> nn.Module:
+        """Build the tokenizer: ``create(dim, **config)`` or ``create(dim=..., **config)`` ->
+        ``tokenizer(dim=dim, **config)`` after validation. A ``dim`` among the options of a tokenizer whose width
+        is given positionally (the model passes the backbone's hidden size) is refused, naming both."""
+        if len(args) > 1:
+            raise TypeError(f"create() takes the width dim and keyword options; got {len(args)} positional arguments")
+        if not args:
+            if "dim" not in config:
+                raise TypeError("create() needs the token width dim")
+            args = (config.pop("dim"),)
+        dim = args[0]
+        if "dim" in config:
+            raise UsageError(f"{self.name} tokenizer option dim is {config['dim']!r}, but a tokenizer's width is the backbone's hidden size ({dim})",
+                             "expected no dim among the tokenizer's options", "remove dim (the backbone preset sets the width)")
         extra = {k: config.pop(k) for k in ("params_dtype", "device") if k in config}
         cfg = self.make_config(**config)
         kwargs = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
@@ -156,10 +186,66 @@ class ModalitySpec:
         return torch.stack(list(samples))
 
 
+def _init_hints(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls.__init__)
+    except Exception:  # noqa: BLE001 - unresolvable annotations: no type checks
+        return {}
+
+
+def _type_ok(value: Any, hint: Any) -> bool:
+    """Whether a YAML/CLI value fits a simple annotation (int, float, bool, str, None, unions, tuples, lists,
+    Literal, dicts); anything else is accepted."""
+    if hint is Any:
+        return True
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin is typing.Literal:
+        return value in args
+    if origin in (tuple, list, collections.abc.Sequence):
+        if not isinstance(value, (list, tuple)):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return len(value) == len(args) and all(_type_ok(v, a) for v, a in zip(value, args))
+        return not args or all(_type_ok(v, args[0]) for v in value)
+    if origin in (dict, collections.abc.Mapping) or hint in (dict, collections.abc.Mapping):
+        return isinstance(value, collections.abc.Mapping)
+    return True
+
+
+def _hint_text(hint: Any) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_hint_text(a) for a in args)
+    if hint is type(None):
+        return "null"
+    if origin is tuple:
+        return "a list [" + ", ".join("..." if a is Ellipsis else _hint_text(a) for a in args) + "]"
+    if origin is typing.Literal:
+        return "one of " + ", ".join(map(repr, args))
+    names = {int: "an int", float: "a number", bool: "true/false", str: "a string"}
+    return names.get(hint, getattr(hint, "__name__", str(hint)))
+
+
 class _ModalityRegistry(Registry[ModalitySpec]):
-    """Registry of :class:`ModalitySpec` that imports the built-ins and plug-ins on first read."""
+    """Registry of :class:`ModalitySpec` that imports the built-ins before the first registration or read,
+    and plug-ins on the first read."""
 
     _builtins_loaded = False
+
+    def _before_register(self) -> None:
+        self._load_builtins()  # a user registration can never come first and hide a built-in
 
     def _load_builtins(self) -> None:
         if _ModalityRegistry._builtins_loaded:
@@ -184,8 +270,7 @@ class _ModalityRegistry(Registry[ModalitySpec]):
     def get(self, name: str) -> ModalitySpec:
         self._load_entry_points()
         if name not in self._items:
-            known = ", ".join(sorted(self._items)) or "(none)"
-            raise UnknownModalityError(f"unknown modality {name!r}; registered modalities: {known}")
+            raise UnknownModalityError(name, self._items)
         return self._items[name]
 
 
@@ -262,12 +347,12 @@ def get_modality(name: str) -> ModalitySpec:
     return MODALITIES.get(name)
 
 
-def create(name: str, dim: int, **config: Any) -> nn.Module:
+def create(name: str, *args: Any, **config: Any) -> nn.Module:
     """Build the tokenizer of modality ``name`` with token width ``dim`` and its config options.
 
     ``params_dtype`` and ``device`` are passed through when given.
     """
-    return get_modality(name).create(dim, **config)
+    return get_modality(name).create(*args, **config)
 
 
 def reload() -> list[str]:

@@ -59,6 +59,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from ..data import collate_batch
 from ..data import datasets as mds
 from ..tokenizers.registry import get_modality
+from .guards import ResumableDataLoader
 
 logger = logging.getLogger(__name__)
 
@@ -395,7 +396,8 @@ class MMTEDataModule(LightningDataModule):
         }
         if train:
             sampler = EpochSeededSampler(len(ds), self.seed, replicas, rank)
-            return DataLoader(ds, batch_size=self.batch_size, sampler=sampler, drop_last=self.drop_last, **kw)
+            # resumable: a run stopped mid-epoch (SIGTERM) continues with the batches it had not seen yet
+            return ResumableDataLoader(ds, batch_size=self.batch_size, sampler=sampler, drop_last=self.drop_last, **kw)
         return DataLoader(ds, batch_size=self.eval_batch_size, sampler=ShardedEvalSampler(len(ds), replicas, rank), **kw)
 
     def train_dataloader(self) -> DataLoader:

@@ -1,24 +1,27 @@
 """Recipes: validation, and the delayed-scaling update followed step by step on scripted amax sequences."""
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-import mmte.fp8 as fp8
-from mmte.fp8 import MXFP8, BlockScaling, CurrentScaling, DelayedScaling, FP8Linear, Format, delayed_scale, make_recipe
+from mmte import fp8
+from mmte.fp8 import MXFP8, BlockScaling, CurrentScaling, DelayedScaling, Format, FP8Linear, delayed_scale, make_recipe
 
 from . import reference as ref
 
 
 def _ref_updates(seq, length, algo, margin, fp8_max):
-    """Pure-Python delayed scaling: (history after the step, scale after the step) for each amax."""
+    """Pure-Python delayed scaling: (history after the step, scale after the step) for each amax. An amax that
+    is 0 or not finite is skipped: history and scale stay as they were."""
     hist, scale, out = [0.0] * length, 1.0, []
     for a in seq:
-        hist = [a] + hist[:-1]
-        am = hist[0] if algo == "most_recent" else (math.nan if any(math.isnan(h) for h in hist) else max(hist))
-        if math.isfinite(am) and am > 0 and math.isfinite(fp8_max / am):
-            scale = fp8_max / am / 2.0**margin
+        if math.isfinite(a) and a > 0:
+            hist = [a] + hist[:-1]
+            am = hist[0] if algo == "most_recent" else max(hist)
+            if math.isfinite(fp8_max / am):
+                scale = fp8_max / am / 2.0**margin
         out.append((list(hist), scale))
     return out
 
@@ -57,8 +60,7 @@ def test_delayed_update_step_by_step(algo, margin):
             assert y[0, 0].item() == pytest.approx(want, rel=1e-6), (t, a)
         hist, scale = expected[t]
         got_hist = lin.fp8_amax_history[0].tolist()
-        for g, h in zip(got_hist, hist):
-            assert (math.isnan(g) and math.isnan(h)) or g == pytest.approx(h, rel=1e-6), (t, got_hist, hist)
+        assert got_hist == pytest.approx(hist, rel=1e-6), (t, got_hist, hist)  # never NaN/inf: bad amaxes are skipped
         assert lin.fp8_scale[0].item() == pytest.approx(scale, rel=1e-6), (t, a)
         prev_scale = lin.fp8_scale[0].item()
     # the weight role saw amax 1 every step
@@ -122,13 +124,13 @@ def test_recipe_validation_and_names():
     with pytest.raises(ValueError, match="scale_rounding"):
         MXFP8(scale_rounding="nearest")
     r = DelayedScaling()
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'margin'"):
         r.margin = 3  # frozen
     assert hash(r) == hash(DelayedScaling())
 
 
 def test_te_recipe_delegation():
-    ok, why = fp8.is_available("cpu", DelayedScaling())
+    ok, _why = fp8.is_available("cpu", DelayedScaling())
     assert ok
     from mmte.te import te_available
 
@@ -139,3 +141,49 @@ def test_te_recipe_delegation():
         pytest.skip(f"transformer_engine not installed: {reason}")
     te_r = fp8.to_te_recipe(DelayedScaling(amax_history_len=8))  # pragma: no cover - needs TE
     assert te_r.amax_history_len == 8  # pragma: no cover
+
+
+def test_bad_amax_keeps_scale_counts_logs_once_and_stops_after_n(caplog):
+    """A scripted amax sequence: one NaN no longer freezes the scale for amax_history_len steps (it never
+    enters the history), zeros and infs keep the previous scale and are counted, one warning is logged, and
+    the Nth consecutive non-finite update raises RunError naming the tensor."""
+    import logging
+
+    from mmte.errors import RunError
+    from mmte.fp8 import linear as fp8_linear
+
+    fp8_linear._BAD_AMAX_LOGGED.clear()
+    recipe = DelayedScaling(amax_history_len=1024, max_bad_amax_steps=3)
+    lin = _identity_linear(recipe)
+    seq = [2.0, math.nan, 4.0, 0.0, math.inf, math.nan, 1.0, math.inf, math.nan]
+    scales = []
+    with caplog.at_level(logging.INFO, logger="mmte.fp8.linear"):
+        for a in seq[:-1]:
+            with fp8.autocast(recipe=recipe):
+                lin(_probe(a))
+            scales.append(lin.fp8_scale[0].item())
+        # 2 -> 224; NaN kept; 4 -> max(4, 2) = 4 -> 112 (TE-style history would be NaN here for 1024 steps);
+        # 0, inf, NaN kept; 1 -> max(1, 4, 2) = 4 -> 112; inf kept
+        assert scales == pytest.approx([224.0, 224.0, 112.0, 112.0, 112.0, 112.0, 112.0, 112.0])
+        assert lin.fp8_amax_history[0, :4].tolist() == [1.0, 4.0, 2.0, 0.0]
+        assert lin.fp8_bad_amax[:, 0].tolist() == [1, 5]  # one non-finite in a row now; 5 skipped updates in all
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "non-finite amax" in warnings[0].getMessage()
+        # inf (above), NaN, inf: the third consecutive non-finite update stops
+        with fp8.autocast(recipe=recipe):
+            lin(_probe(math.nan))
+        with pytest.raises(RunError, match=r"^FP8 delayed scaling saw a non-finite amax \(inf/NaN\) in 3 consecutive updates of the input of "
+                                           r"FP8Linear\(16, 16\) \(scale kept at 112\), expected finite activations"), fp8.autocast(recipe=recipe):
+            lin(_probe(math.inf))
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+
+
+def test_max_bad_amax_steps_validated_and_zero_never_stops():
+    with pytest.raises(ValueError, match=r"max_bad_amax_steps must be an int >= 0 \(0: never stop\); got -1"):
+        DelayedScaling(max_bad_amax_steps=-1)
+    recipe = DelayedScaling(amax_history_len=4, max_bad_amax_steps=0)
+    lin = _identity_linear(recipe)
+    for _ in range(20):
+        with fp8.autocast(recipe=recipe):
+            lin(_probe(math.nan))
+    assert lin.fp8_bad_amax[0, 0].item() == 20 and lin.fp8_scale[0].item() == 1.0

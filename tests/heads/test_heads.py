@@ -125,7 +125,7 @@ def test_regression_losses():
 
 def test_head_registry():
     assert {"classification", "regression", "forecasting", "token", "contrastive"} <= set(heads.list_heads())
-    with pytest.raises(ValueError, match="unknown head 'segmentation'; registered heads: classification"):
+    with pytest.raises(ValueError, match="unknown head 'segmentation', expected one of classification, contrastive, forecasting, regression, token, set the head's name: to one of them"):
         heads.create("segmentation", dim=8)
 
     @heads.register_head("_test_linear")

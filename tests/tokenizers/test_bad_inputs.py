@@ -61,7 +61,7 @@ def test_ragged_tabular_rows():
 
 
 def test_unknown_modality_lists_registered():
-    with pytest.raises(ValueError, match="unknown modality 'smell'; registered modalities: .*audio.*video"):
+    with pytest.raises(ValueError, match=r"unknown modality 'smell', expected one of audio, .*video, xray, see mmte modalities$"):
         mmte.tokenizers.create("smell", dim=32)
     with pytest.raises(KeyError):  # also a KeyError for dict-like callers
         mmte.get_modality("smell")
@@ -70,7 +70,7 @@ def test_unknown_modality_lists_registered():
 
 
 def test_unknown_option_lists_fields():
-    with pytest.raises(ValueError, match=r"unknown audio tokenizer option\(s\) \['mel_bins'\]; expected some of .*num_mel_bins"):
+    with pytest.raises(ValueError, match=r"unknown audio tokenizer option\(s\) \['mel_bins'\], expected some of \['num_mel_bins', .*\] \(did you mean 'num_mel_bins'\?\)"):
         mmte.tokenizers.create("audio", dim=32, mel_bins=64)
 
 
