@@ -1,12 +1,21 @@
-"""Audio tokenizer: AST-style overlapping 16x16 patches of a log-mel fbank.
+"""Audio tokenizer: AST-style patches of a log-mel fbank (square 16x16, or frame-level strips).
 
 An fbank ``[B, T, F]`` (frames x mel bins, the layout Kaldi's fbank returns) is viewed as a
-one-channel image ``[B, 1, F, T]`` and cut into ``patch x patch`` patches every ``stride`` bins /
-frames by a convolution: the patch grid is ``F' = (F - patch) // stride + 1`` by
-``T' = (T - patch) // stride + 1``. The position embedding is sized from the grid of the longest
-input (``max_frames``) and sliced along time for shorter ones, so a padded clip's real tokens get
-exactly the embeddings they would get unpadded. Tokens are ordered time-major (``t * F' + f``); a time
-column is real when its whole patch lies inside the clip (``t * stride + patch <= frames``).
+one-channel image ``[B, 1, F, T]`` and cut into ``pf x pt`` patches every ``sf`` bins / ``st`` frames
+by a convolution (``patch_size``/``stride`` are one int for both axes or ``[freq, time]``): the patch
+grid is ``F' = (F - pf) // sf + 1`` by ``T' = (T - pt) // st + 1``. A patch spanning all mel bins
+(``patch_size: [F, 4]``) gives one token per few frames (frame-level tokens, ``F' = 1``).
+
+Optionally (``normalize: utterance``) each clip is first standardised per mel bin by its own mean
+and standard deviation over its real frames (per-utterance mean/variance normalisation, CMVN): a
+speaker's or microphone's fixed spectral colouring is removed, which is what lets a model trained on
+a few speakers hold up on a new one. It runs inside the model, so training, test and predict on any
+data get the same normalisation.
+
+The position embedding is sized from the grid of the longest input (``max_frames``) and sliced along
+time for shorter ones, so a padded clip's real tokens get exactly the embeddings they would get
+unpadded. Tokens are ordered time-major (``t * F' + f``); a time column is real when its whole patch
+lies inside the clip (``t * st + pt <= frames``).
 """
 
 from __future__ import annotations
@@ -17,11 +26,41 @@ from torch import nn
 from .base import ModalityTokenizer, TokenSeq, prepend_cls
 from .registry import register_modality
 
-__all__ = ["AudioTokenizer"]
+__all__ = ["AudioTokenizer", "utterance_norm"]
 
 
 def _grid(n: int, patch: int, stride: int) -> int:
     return (n - patch) // stride + 1
+
+
+def _pair(v, what: str) -> tuple[int, int]:
+    """``16`` -> ``(16, 16)``; ``[64, 4]`` -> ``(64, 4)`` (frequency, time)."""
+    t = (v, v) if isinstance(v, int) else tuple(v) if isinstance(v, (list, tuple)) else None
+    if t is None or len(t) != 2 or not all(isinstance(x, int) and x > 0 for x in t):
+        raise ValueError(f"audio tokenizer {what} must be a positive int or [freq, time] of positive ints; got {v!r}")
+    return t
+
+
+def utterance_norm(fbank: torch.Tensor, frames: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
+    """Per-utterance mean/variance normalisation: each clip's mel bins standardised by their own mean
+    and std over the clip's real frames; padded frames stay 0.
+
+    Args:
+        fbank: ``[B, T, F]`` (padded).
+        frames: real frames per clip ``[B]`` (None: all ``T``).
+
+    Returns:
+        ``[B, T, F]``.
+    """
+    b, t, _ = fbank.shape
+    if frames is None:
+        m = torch.ones(b, t, 1, dtype=fbank.dtype, device=fbank.device)
+    else:
+        m = (torch.arange(t, device=fbank.device)[None] < frames.to(fbank.device)[:, None]).to(fbank.dtype)[..., None]
+    n = m.sum(1, keepdim=True).clamp_min(1)
+    mean = (fbank * m).sum(1, keepdim=True) / n
+    var = (((fbank - mean) * m) ** 2).sum(1, keepdim=True) / n
+    return (fbank - mean) / (var + eps).sqrt() * m
 
 
 class AudioTokenizer(ModalityTokenizer):
@@ -31,11 +70,14 @@ class AudioTokenizer(ModalityTokenizer):
         dim: token width.
         num_mel_bins: mel bins ``F``.
         max_frames: longest fbank (frames) the position embedding covers (AST: 1024 = 10.24 s).
-        patch_size: square patch (16).
-        stride: patch stride in bins and frames (10; 16 = no overlap).
+        patch_size: patch in bins and frames: one int (square, AST: 16) or ``[freq, time]``
+            (``[num_mel_bins, 4]``: frame-level tokens of 4 frames).
+        stride: patch stride: one int (10; = patch_size: no overlap) or ``[freq, time]``.
         cls_token: prepend a learned cls token.
         sample_rate: the model's sample rate (waveform inputs are resampled to it).
         fbank_mean, fbank_std: fbank normalisation for waveform inputs (AudioSet's by default).
+        normalize: ``None`` or ``"utterance"`` (per-utterance, per-mel-bin mean/variance
+            normalisation over the clip's real frames, applied to every input).
     """
 
     modality = "audio"
@@ -45,25 +87,32 @@ class AudioTokenizer(ModalityTokenizer):
         dim: int,
         num_mel_bins: int = 128,
         max_frames: int = 1024,
-        patch_size: int = 16,
-        stride: int = 10,
+        patch_size: int | tuple[int, int] | list[int] = 16,
+        stride: int | tuple[int, int] | list[int] = 10,
         cls_token: bool = True,
         sample_rate: int = 16000,
         fbank_mean: float = -4.2677393,
         fbank_std: float = 4.5689974,
+        normalize: str | None = None,
         *,
         params_dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ):
         super().__init__(dim)
-        if num_mel_bins < patch_size or max_frames < patch_size:
-            raise ValueError(f"num_mel_bins ({num_mel_bins}) and max_frames ({max_frames}) must be >= patch_size ({patch_size})")
+        (pf, pt), (sf, st) = _pair(patch_size, "patch_size"), _pair(stride, "stride")
+        if num_mel_bins < pf or max_frames < pt:
+            raise ValueError(
+                f"num_mel_bins ({num_mel_bins}) and max_frames ({max_frames}) must be >= the patch's [freq, time] = [{pf}, {pt}]"
+            )
+        if normalize not in (None, "utterance"):
+            raise ValueError(f"audio tokenizer normalize must be None or 'utterance'; got {normalize!r}")
         self.num_mel_bins, self.max_frames, self.patch_size, self.stride = num_mel_bins, max_frames, patch_size, stride
+        self.patch_time, self.stride_time, self.normalize = pt, st, normalize
         self.sample_rate, self.fbank_mean, self.fbank_std = sample_rate, fbank_mean, fbank_std
-        self.freq_grid = _grid(num_mel_bins, patch_size, stride)
-        self.max_time_grid = _grid(max_frames, patch_size, stride)
-        kw = dict(device=device, dtype=params_dtype)
-        self.proj = nn.Conv2d(1, dim, patch_size, stride, **kw)
+        self.freq_grid = _grid(num_mel_bins, pf, sf)
+        self.max_time_grid = _grid(max_frames, pt, st)
+        kw = {"device": device, "dtype": params_dtype}
+        self.proj = nn.Conv2d(1, dim, (pf, pt), (sf, st), **kw)
         self.cls_token = nn.Parameter(torch.empty(1, 1, dim, **kw)) if cls_token else None
         self.num_prefix_tokens = int(cls_token)
         # [1, T'max, F', D] so that time can be sliced
@@ -80,8 +129,8 @@ class AudioTokenizer(ModalityTokenizer):
             nn.init.trunc_normal_(self.cls_pos, std=0.02)
 
     def num_tokens(self, frames: int) -> int:
-        """Token count of a clip: ``cls + ((F - p) // s + 1) * ((frames - p) // s + 1)``."""
-        return self.num_prefix_tokens + self.freq_grid * _grid(frames, self.patch_size, self.stride)
+        """Token count of a clip: ``cls + ((F - pf) // sf + 1) * ((frames - pt) // st + 1)``."""
+        return self.num_prefix_tokens + self.freq_grid * _grid(frames, self.patch_time, self.stride_time)
 
     def fbank(self, waveform: torch.Tensor, lengths: torch.Tensor | None = None, sample_rate: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Waveforms ``[B, S]`` -> padded fbank ``[B, T, F]`` and frame counts ``[B]`` (per-sample Kaldi fbank)."""
@@ -124,21 +173,23 @@ class AudioTokenizer(ModalityTokenizer):
                 f"audio tokenizer expects a waveform [B, S] or fbank [B, T, F={self.num_mel_bins}]; got shape {tuple(fbank.shape)}"
             )
         b, t, _ = fbank.shape
-        if t < self.patch_size:
-            raise ValueError(f"audio clip has {t} frames; at least patch_size={self.patch_size} frames expected")
+        if t < self.patch_time:
+            raise ValueError(f"audio clip has {t} frames; at least patch_size={self.patch_size!r} ({self.patch_time} frames) expected")
         if t > self.max_frames:
             raise ValueError(f"audio clip has {t} frames; this tokenizer takes at most max_frames={self.max_frames}")
+        if frames is not None and tuple(frames.shape) != (b,):
+            raise ValueError(f"frames must be [B={b}]; got shape {tuple(frames.shape)}")
+        if self.normalize == "utterance":
+            fbank = utterance_norm(fbank.float(), frames)
         x = self.proj(fbank.transpose(1, 2).unsqueeze(1).to(self.proj.weight.dtype))  # [B, D, F', T']
         tg = x.shape[-1]
         x = x.permute(0, 3, 2, 1)  # [B, T', F', D]  time-major
         x = (x + self.pos_embed[:, :tg]).flatten(1, 2)
         mask = None
         if frames is not None:
-            if tuple(frames.shape) != (b,):
-                raise ValueError(f"frames must be [B={b}]; got shape {tuple(frames.shape)}")
-            if bool((frames < self.patch_size).any()):
-                raise ValueError(f"every clip needs >= patch_size={self.patch_size} frames; got frames {frames.tolist()}")
-            real_t = torch.arange(tg, device=x.device)[None] * self.stride + self.patch_size <= frames[:, None].to(x.device)
+            if bool((frames < self.patch_time).any()):
+                raise ValueError(f"every clip needs >= {self.patch_time} frames (patch_size={self.patch_size!r}); got frames {frames.tolist()}")
+            real_t = torch.arange(tg, device=x.device)[None] * self.stride_time + self.patch_time <= frames[:, None].to(x.device)
             mask = real_t[:, :, None].expand(b, tg, self.freq_grid).flatten(1)
         x, mask = prepend_cls(None if self.cls_token is None else self.cls_token + self.cls_pos, x, mask)
         return TokenSeq(x, mask, self.num_prefix_tokens, extras={"grid_size": (tg, self.freq_grid)})
