@@ -72,6 +72,8 @@ def _cli_class():
             parser.add_lightning_class_args(MMTECheckpoint, "checkpoint")
             parser.add_lightning_class_args(PredictionWriter, "prediction_writer")
             parser.link_arguments("data.model_info", "model.data_info", apply_on="instantiate")
+            parser.add_argument("--threads", type=int | None, default=None,
+                                help="torch intra-op threads (default: $MMTE_THREADS, $OMP_NUM_THREADS, else physical cores // local ranks)")
 
         def _section(self):
             return self.config.get(self.subcommand) if self.subcommand else self.config
@@ -79,7 +81,10 @@ def _cli_class():
         def before_instantiate_classes(self) -> None:
             from jsonargparse import Namespace
 
+            from .training.threads import set_threads
+
             c = self._section()
+            set_threads(c.get("threads"), c.trainer.devices, c.trainer.accelerator)
             root = c.trainer.default_root_dir or os.path.join("runs", "mmte")
             c.trainer.default_root_dir = root
             if c.trainer.logger in (None, True):
