@@ -91,6 +91,13 @@ def _cli_class():
                 c.trainer.logger = Namespace(class_path="lightning.pytorch.loggers.CSVLogger", init_args=Namespace(save_dir=root, name="logs"))
             if c.checkpoint.dirpath is None:
                 c.checkpoint.dirpath = os.path.join(root, "checkpoints")
+            # the data state (class map, table schema, scalers) comes from the checkpoint being evaluated
+            from .training.datamodule import checkpoint_for_state
+
+            ckpt = checkpoint_for_state(c.get("ckpt_path"), c.checkpoint.dirpath)
+            init = c.data.get("init_args") if c.get("data") is not None and hasattr(c.data, "get") else None
+            if ckpt and init is not None and "state_from" in init and init.state_from is None:
+                init.state_from = ckpt
 
         def _run_subcommand(self, subcommand: str) -> None:
             log_dir = self.trainer.log_dir

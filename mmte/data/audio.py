@@ -24,7 +24,9 @@ __all__ = [
     "check_waveform",
     "collate_audio",
     "compute_fbank",
+    "crop_frames",
     "example_audio",
+    "fbank_frames",
     "load_audio",
     "pad_or_crop",
     "preprocess_audio",
@@ -141,3 +143,33 @@ def example_audio(size: int, seed: int, num_mel_bins: int = 128) -> torch.Tensor
     w = sum(math.exp(-((k * 150 - 700) / 600) ** 2) * torch.sin(k * phase) for k in range(1, 12))
     w = 0.3 * w * torch.hann_window(t.shape[0], periodic=False) + 0.003 * torch.randn(t.shape, generator=g)
     return compute_fbank(w.float(), sr, num_mel_bins=num_mel_bins)
+
+
+def fbank_frames(num_samples: int, sample_rate: int, target_rate: int = 16000, frame_length: float = 25.0, frame_shift: float = 10.0) -> int:
+    """Frames :func:`compute_fbank` gives a clip of ``num_samples`` at ``sample_rate`` (Kaldi's
+    ``snip_edges``: whole windows only), without decoding it: for reporting crops from file headers."""
+    n = math.ceil(num_samples * target_rate / sample_rate) if sample_rate != target_rate else num_samples
+    win, shift = int(target_rate * frame_length / 1000), int(target_rate * frame_shift / 1000)
+    return 0 if n < win else 1 + (n - win) // shift
+
+
+CROPS = ("start", "center", "random")
+
+
+def crop_frames(fbank: torch.Tensor, max_frames: int | None, mode: str = "start", generator: torch.Generator | None = None) -> torch.Tensor:
+    """Keep at most ``max_frames`` frames of an fbank ``[frames, mel]``: the first ones (``start``), the
+    middle ones (``center``) or a window at a random offset (``random``, drawn from ``generator`` or
+    torch's global RNG)."""
+    if mode not in CROPS:
+        raise ValueError(f"crop must be one of {CROPS}; got {mode!r}")
+    t = fbank.shape[0]
+    if max_frames is None or t <= max_frames:
+        return fbank
+    extra = t - max_frames
+    if mode == "start":
+        off = 0
+    elif mode == "center":
+        off = extra // 2
+    else:
+        off = int(torch.randint(0, extra + 1, (), generator=generator))
+    return fbank[off : off + max_frames]

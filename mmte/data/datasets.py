@@ -8,7 +8,9 @@ registry) with ``Dataset.with_transform``, so decoding happens in the DataLoader
 whose name is a fingerprint of the inputs and options, so a second run reuses it.
 
 Splits (:func:`split_indices`) are stratified by label, deterministic for a seed, or follow file-name
-patterns (FSDD's convention: recording index 0-4 is the test split).
+patterns (FSDD's convention: recording index 0-4 is the test split), or hold out whole groups (a
+speaker, a site: :func:`group_split`, :func:`leave_one_group_out`). A split may also come from its own
+*source*: a folder, a file or a glob (:func:`list_files`).
 
 This module is framework-free (no Lightning); :mod:`mmte.training.datamodule` wraps it.
 """
@@ -35,11 +37,16 @@ __all__ = [
     "arrays_dataset",
     "cached_preprocess",
     "check_files",
+    "file_labels",
     "files_dataset",
+    "group_split",
     "lazy_preprocess",
+    "leave_one_group_out",
+    "list_files",
     "pair_by_label",
     "read_table",
     "sklearn_arrays",
+    "sort_labels",
     "split_indices",
 ]
 
@@ -123,6 +130,134 @@ def _sorted_labels(labels: set[str]) -> list[str]:
     if all(re.fullmatch(r"-?\d+", l) for l in labels):
         return sorted(labels, key=int)
     return sorted(labels)
+
+
+def sort_labels(labels: Sequence[str]) -> list[str]:
+    """The distinct labels in class-id order: as integers when every label is one, else as strings."""
+    return _sorted_labels(set(labels))
+
+
+def list_files(source: str | os.PathLike, pattern: str = "*", option: str = "data_dir") -> tuple[list[str], list[str]]:
+    """The files a *source* names, sorted: a folder (searched recursively for ``pattern``), one file, or a
+    glob (``/data/test/*.wav``, ``/data/**/*.flac``; also filtered by ``pattern``).
+
+    Args:
+        source: the folder, file or glob.
+        pattern: file-name glob applied to a folder's (or a glob's) files.
+        option: the option's name, for the error messages (``"test"``, ``"data_dir"``...).
+
+    Returns:
+        ``(paths, names)``: names relative to the folder (or to the glob's fixed leading folder; a
+        single file: its base name), as the label and split patterns see them.
+
+    Raises:
+        FileNotFoundError: the source is not a folder, a file, or a glob that matches something.
+        ValueError: the folder or glob holds no file matching ``pattern``.
+    """
+    import glob as globlib
+
+    s = os.fspath(source)
+    if os.path.isdir(s):
+        root = Path(s)
+        files = sorted(p for p in root.rglob("*") if p.is_file() and fnmatch.fnmatch(p.name, pattern))
+        if not files:
+            raise ValueError(f"{option} {s!r} holds no file matching pattern {pattern!r}; point it at the folder of your files or change pattern")
+        return [os.fspath(p) for p in files], [p.relative_to(root).as_posix() for p in files]
+    if os.path.isfile(s):
+        return [s], [Path(s).name]
+    if globlib.has_magic(s):
+        parts = Path(s).parts
+        fixed = next((i for i, part in enumerate(parts) if globlib.has_magic(part)), len(parts))
+        root = Path(*parts[:fixed]) if fixed else Path(".")
+        files = sorted(Path(f) for f in globlib.glob(s, recursive=True) if os.path.isfile(f) and fnmatch.fnmatch(os.path.basename(f), pattern))
+        if not files:
+            raise ValueError(f"{option} {s!r} matches no file (with pattern {pattern!r}); expected a glob such as /data/test/*.wav")
+        return [os.fspath(p) for p in files], [p.relative_to(root).as_posix() for p in files]
+    raise FileNotFoundError(f"{option} {s!r} is not a folder, a file or a glob that matches files; give an existing folder, file or glob")
+
+
+def file_labels(
+    names: Sequence[str],
+    *,
+    label_regex: str | None = None,
+    labels_csv: str | os.PathLike | None = None,
+    file_column: str = "file",
+    label_column: str = "label",
+    required: bool = True,
+    option: str = "data_dir",
+) -> list[str | None]:
+    """Each file's label: ``label_regex``'s first group on its name, or its row of ``labels_csv``
+    (matched by relative path, then by base name).
+
+    Args:
+        names: the files' names (relative paths).
+        required: a file without a label is an error (True) or gets None (prediction inputs).
+        option: the source option, named in the error.
+
+    Raises:
+        ValueError: a file has no label (``required``), or both/neither label source are given.
+    """
+    if (label_regex is None) == (labels_csv is None):
+        raise ValueError(f"give exactly one of label_regex or labels_csv; got label_regex={label_regex!r}, labels_csv={labels_csv!r}")
+    out: list[str | None] = []
+    if label_regex is not None:
+        rx = re.compile(label_regex)
+        for n in names:
+            m = rx.search(n)
+            lab = m.group(1) if m is not None and m.groups() else None
+            if lab is None and required:
+                raise ValueError(f"file {n!r} of {option} does not match label_regex {label_regex!r} (expected a group capturing the label)")
+            out.append(lab)
+        return out
+    table = _labels_from_csv(labels_csv, file_column, label_column)
+    for n in names:
+        lab = table.get(n, table.get(Path(n).name))
+        if lab is not None and lab.strip() == "":
+            lab = None
+        if lab is None and required:
+            raise ValueError(f"file {n!r} of {option} has no label in labels_csv {os.fspath(labels_csv)!r} (columns {file_column!r}, {label_column!r})")
+        out.append(lab)
+    return out
+
+
+def group_split(groups: Sequence[str], val_fraction: float = 0.0, test_fraction: float = 0.0, seed: int = 0) -> dict[str, list[str]]:
+    """Whole groups (speakers, sites...) for validation and test: a seeded permutation of the sorted
+    group names; ``round(fraction * n_groups)`` groups each, at least one when the fraction is > 0.
+
+    Returns:
+        ``{"train": [...], "val": [...], "test": [...]}`` group names.
+
+    Raises:
+        ValueError: fractions outside [0, 1), or too few groups to give every split one.
+    """
+    for name, f in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+        if not 0.0 <= f < 1.0:
+            raise ValueError(f"{name} must be in [0, 1); got {f}")
+    names = sorted(set(groups))
+    order = [names[i] for i in np.random.default_rng(seed).permutation(len(names))]
+    n_val = max(1, round(len(names) * val_fraction)) if val_fraction > 0 else 0
+    n_test = max(1, round(len(names) * test_fraction)) if test_fraction > 0 else 0
+    if n_val + n_test >= len(names):
+        raise ValueError(
+            f"cannot hold out {n_val} validation and {n_test} test group(s) of {len(names)} ({names}) and keep one for training; "
+            f"lower val_fraction/test_fraction or name the groups (val_groups/test_groups)"
+        )
+    return {"val": sorted(order[:n_val]), "test": sorted(order[n_val : n_val + n_test]), "train": sorted(order[n_val + n_test :])}
+
+
+def leave_one_group_out(groups: Sequence[str]) -> list[tuple[str, list[int], list[int]]]:
+    """Leave-one-group-out folds (scikit-learn's ``LeaveOneGroupOut``), one per group in sorted order.
+
+    Returns:
+        ``[(held-out group, train indices, test indices), ...]``.
+    """
+    from sklearn.model_selection import LeaveOneGroupOut
+
+    g = np.asarray(list(groups))
+    folds = []
+    for tr, te in LeaveOneGroupOut().split(np.zeros(len(g)), groups=g):
+        folds.append((str(g[te[0]]), tr.tolist(), te.tolist()))
+    return sorted(folds)
 
 
 def _check_one(path: str, modality: str) -> None:

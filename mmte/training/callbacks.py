@@ -1,4 +1,4 @@
-"""Callbacks: atomic checkpoints that pick their own monitor, and a prediction writer (CSV / JSON).
+"""Callbacks: atomic checkpoints that pick their own monitor, and a prediction writer (CSV / Parquet / JSON / npz).
 
 * :class:`MMTECheckpoint` is Lightning's ``ModelCheckpoint`` with two changes: ``monitor="auto"``
   takes the LightningModule's ``primary_metric`` (``val_acc`` for a classifier, ``val_mse`` for a
@@ -6,22 +6,24 @@
   renamed (``os.replace``), so a run killed mid-save never leaves a truncated ``last.ckpt`` behind.
   What goes *into* the checkpoint (trainable part only, plus the frozen part's source) is decided by
   :class:`mmte.training.module.MMTEModule`.
-* :class:`PredictionWriter` gathers ``predict_step`` outputs and writes one row per sample (row id,
-  per-head prediction, probability / value, target when known) to a CSV or JSON file, atomically, and
-  prints the first rows.
+* :class:`PredictionWriter` gathers ``predict_step`` outputs (across data-parallel ranks, each item
+  once, in input order) and writes one row per item (its id columns, per-head prediction, probability /
+  value, target when known) to a CSV, Parquet, JSON or NumPy ``.npz`` file, atomically, and prints the
+  first rows.
 """
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -38,6 +40,9 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
     try:
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; give the file the permissions open() would
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
@@ -102,100 +107,213 @@ class MMTECheckpoint(ModelCheckpoint):
                 lg.after_save_checkpoint(proxy(self))
 
 
-def _rows(outputs: list[dict[str, Any]], names: list[str] | None, class_names: list[str] | None) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for out in outputs:
-        index = out.get("index")
-        heads = {k: v for k, v in out.items() if k != "index"}
-        n = next((int(t.shape[0]) for h in heads.values() for t in h.values() if isinstance(t, torch.Tensor) and t.dim() > 0), 0)
-        for i in range(n):
-            row: dict[str, Any] = {}
-            idx = int(index[i]) if isinstance(index, torch.Tensor) else len(rows)
-            row["id"] = names[len(rows)] if names and len(rows) < len(names) else idx
-            for h, o in heads.items():
-                prefix = f"{h}_" if len(heads) > 1 else ""
-                if "pred" in o:
-                    p = int(o["pred"][i])
-                    row[prefix + "pred"] = class_names[p] if class_names and p < len(class_names) else p
-                    row[prefix + "prob"] = round(float(o["prob"][i].max()), 6)
-                if "value" in o:
-                    v = o["value"][i]
-                    row[prefix + "value"] = float(v) if v.numel() == 1 else v.tolist()
-                for m, e in o.items():
-                    if m not in ("pred", "prob", "value", "target"):
-                        row[prefix + m] = e[i].tolist()
-                if "target" in o:
-                    t = o["target"][i]
-                    if "pred" in o:
-                        ti = int(t)
-                        row[prefix + "target"] = class_names[ti] if class_names and ti < len(class_names) else ti
-                    else:
-                        row[prefix + "target"] = float(t) if t.numel() == 1 else t.tolist()
-            rows.append(row)
-    return rows
+def _numpy(v: Any) -> np.ndarray:
+    return v.detach().float().cpu().numpy() if isinstance(v, torch.Tensor) and v.is_floating_point() else (
+        v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v))
+
+
+def _batch_columns(out: Mapping[str, Any]) -> tuple[np.ndarray | None, dict[str, np.ndarray], int]:
+    """One ``predict_step`` output -> ``(positions [B] or None, {column: array [B, ...]}, B)``; columns are
+    ``{head}/{kind}`` (kind: pred, prob, value, target or an embedding's modality)."""
+    index = out.get("index")
+    cols: dict[str, np.ndarray] = {}
+    for h, o in out.items():
+        if h == "index" or not isinstance(o, Mapping):
+            continue
+        for k, v in o.items():
+            a = _numpy(v)
+            if k == "prob":
+                a = a.max(-1)  # the predicted class's probability
+            cols[f"{h}/{k}"] = a
+    n = next((len(a) for a in cols.values() if a.ndim > 0), 0)
+    return (None if index is None else _numpy(index).astype(np.int64).reshape(-1)), cols, n
 
 
 class PredictionWriter(Callback):
-    """Write ``mmte predict`` results to a file and print the first rows.
+    """Write ``mmte predict`` results to a file users can open, one row per item, and print the first rows.
+
+    Each row carries the item's id columns from the DataModule (``id``: the file name, table row id, or a
+    forecast window's start time; plus e.g. ``path`` or ``forecast_start``), then per head the prediction
+    (``pred`` class name and ``prob``; or ``value``) and the ``target`` when the data has one (empty where
+    unknown). Rows are in the split's order. Under data parallelism each rank predicts its shard; the rows
+    are gathered to rank 0 (``all_gather_object``), duplicates from padded samplers dropped, and every
+    item is written exactly once.
+
+    Formats: ``.csv`` (scalar predictions), ``.parquet`` (any; arrays as nested lists), ``.json`` (a list
+    of row objects), ``.npz`` (one NumPy array per column: forecasts ``value [N, horizon, C]``). A forecast
+    or an embedding is an array per item and does not fit a CSV cell: the default output is then
+    ``predictions.npz``.
 
     Args:
-        output: ``.csv`` or ``.json`` path; None: ``predictions.csv`` in the trainer's log folder.
+        output: the file to write (.csv, .parquet, .json or .npz); None: predictions.csv in the run's log folder (predictions.npz for array predictions such as forecasts).
         print_rows: rows printed to stdout (0: none).
     """
 
+    FORMATS = (".csv", ".parquet", ".json", ".npz")
+
     def __init__(self, output: str | None = None, print_rows: int = 10):
         super().__init__()
-        if output is not None and not str(output).endswith((".csv", ".json")):
-            raise ValueError(f"prediction output must end in .csv or .json; got {output!r}")
+        if output is not None and not str(output).endswith(self.FORMATS):
+            raise ValueError(f"prediction output must end in {', '.join(self.FORMATS)}; got {output!r}")
+        if not isinstance(print_rows, int) or print_rows < 0:
+            raise ValueError(f"print_rows must be an int >= 0; got {print_rows!r}")
         self.output, self.print_rows = output, print_rows
-        self._outputs: list[dict[str, Any]] = []
-        self.rows: list[dict[str, Any]] = []
+        self._parts: list[tuple[np.ndarray | None, dict[str, np.ndarray], int]] = []
+        self.table: dict[str, Any] = {}
         self.path: str | None = None
 
     def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._outputs = []
+        self._parts = []
+        self.table = {}
 
     def on_predict_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        if isinstance(outputs, dict):
-            self._outputs.append({k: ({m: t.detach().cpu() for m, t in v.items()} if isinstance(v, dict) else v.detach().cpu()) for k, v in outputs.items()})
+        if isinstance(outputs, Mapping):
+            self._parts.append(_batch_columns(outputs))
+
+    # ---------------------------------------------------------------------------------- gather
+    def _local(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        pos, cols, seen = [], {}, 0
+        for index, c, n in self._parts:
+            pos.append(index if index is not None else np.arange(seen, seen + n))
+            seen += n
+            for k, a in c.items():
+                cols.setdefault(k, []).append(a)
+        positions = np.concatenate(pos) if pos else np.zeros(0, np.int64)
+        return positions, {k: np.concatenate(v) for k, v in cols.items()}
+
+    def _gathered(self, trainer: Trainer) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
+        """All ranks' rows on rank 0 in item order, each item once (None on other ranks)."""
+        positions, cols = self._local()
+        world = getattr(trainer, "world_size", 1)
+        if world > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            if any(index is None for index, _, _ in self._parts):
+                raise ValueError("distributed predict needs each batch's 'index' (item positions) to merge the ranks' rows; the DataModule gives none")
+            parts: list[Any] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(parts, (positions, cols))
+            if not trainer.is_global_zero:
+                return None
+            positions = np.concatenate([p for p, _ in parts])
+            keys = list(parts[0][1])
+            cols = {k: np.concatenate([c[k] for _, c in parts if k in c]) for k in keys}
+        elif not trainer.is_global_zero:
+            return None
+        order = np.argsort(positions, kind="stable")
+        positions = positions[order]
+        first = np.ones(len(positions), dtype=bool)
+        first[1:] = positions[1:] != positions[:-1]  # a padded sampler repeats items: keep each once
+        keep = order[first]
+        return positions[first], {k: v[keep] for k, v in cols.items()}
 
     def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        dm = trainer.datamodule
-        names = dm.row_names(dm.predict_split) if dm is not None and hasattr(dm, "row_names") else None
-        classes = getattr(dm, "class_names", None)
-        self.rows = _rows(self._outputs, names, classes)
-        if not trainer.is_global_zero:
+        got = self._gathered(trainer)
+        if got is None:
             return
-        path = self.output or os.path.join(trainer.log_dir or trainer.default_root_dir, "predictions.csv")
-        if path.endswith(".json"):
-            atomic_write(path, json.dumps(self.rows, indent=1))
+        positions, cols = got
+        dm = trainer.datamodule
+        ids: dict[str, list[Any]] = {}
+        if dm is not None and hasattr(dm, "row_columns"):
+            ids = dm.row_columns("predict")
+            n = len(next(iter(ids.values()))) if ids else len(positions)
+            if len(positions) != n or (n and (positions[0] != 0 or positions[-1] != n - 1)):
+                lost = sorted(set(range(n)) - set(positions.tolist()))
+                raise ValueError(f"predictions cover {len(positions)} of {n} items (missing positions {lost[:8]}); every item must be predicted once")
+            ids = {k: [v[i] for i in positions] for k, v in ids.items()}
         else:
-            buf = io.StringIO()
-            cols = list(dict.fromkeys(k for r in self.rows for k in r))
-            w = csv.DictWriter(buf, fieldnames=cols)
-            w.writeheader()
-            for r in self.rows:
-                w.writerow({k: json.dumps(v) if isinstance(v, list) else v for k, v in r.items()})
-            atomic_write(path, buf.getvalue())
+            ids = {"id": positions.tolist()}
+        self.table = self._assemble(ids, cols, getattr(dm, "class_names", None))
+        arrays = [k for k, v in self.table.items() if isinstance(v, np.ndarray) and v.ndim > 1]
+        path = self.output or os.path.join(trainer.log_dir or trainer.default_root_dir, "predictions.npz" if arrays else "predictions.csv")
+        self._write(path, arrays)
         self.path = path
         if self.print_rows:
-            shown = self.rows[: self.print_rows]
-            print(f"predictions ({len(self.rows)} rows) -> {path}")
-            for r in shown:
-                print("  " + ", ".join(f"{k}={_short(v)}" for k, v in r.items()))
-            acc = _accuracy(self.rows)
-            if acc is not None:
-                print(f"  accuracy vs. target: {acc:.4f}")
+            self._print(path, arrays)
+
+    # --------------------------------------------------------------------------------- columns
+    @staticmethod
+    def _assemble(ids: Mapping[str, list[Any]], cols: Mapping[str, np.ndarray], class_names: list[str] | None) -> dict[str, Any]:
+        heads = list(dict.fromkeys(k.split("/")[0] for k in cols))
+        table: dict[str, Any] = dict(ids)
+        for h in heads:
+            prefix = f"{h}_" if len(heads) > 1 else ""
+            mine = {k.split("/", 1)[1]: v for k, v in cols.items() if k.split("/")[0] == h}
+            classify = "pred" in mine
+            for kind, a in mine.items():
+                if kind in ("pred", "target") and classify:
+                    a = a.reshape(-1).astype(np.int64)
+                    names = class_names or []
+                    table[prefix + kind] = [names[int(c)] if 0 <= c < len(names) else ("" if c < 0 else int(c)) for c in a]
+                elif kind == "prob":
+                    table[prefix + kind] = np.round(a.reshape(-1).astype(np.float64), 6)
+                else:
+                    a = a.astype(np.float32) if a.dtype.kind == "f" else a
+                    table[prefix + kind] = a.reshape(len(a)) if a.ndim > 1 and int(np.prod(a.shape[1:])) == 1 else a
+        return table
+
+    def _write(self, path: str, arrays: list[str]) -> None:
+        if path.endswith(".npz"):
+            buf = io.BytesIO()
+            np.savez(buf, **{k: _array(v) for k, v in self.table.items()})
+            atomic_write(path, buf.getvalue())
+            return
+        if arrays and path.endswith(".csv"):
+            shape = tuple(self.table[arrays[0]].shape[1:])
+            raise ValueError(
+                f"predictions {arrays} are arrays of shape {shape} per item and do not fit CSV cells; write them to "
+                f"--prediction_writer.output predictions.npz (or .parquet / .json)"
+            )
+        n = len(next(iter(self.table.values())))
+        if path.endswith(".json"):
+            rows = [{k: _plain(v[i]) for k, v in self.table.items()} for i in range(n)]
+            atomic_write(path, json.dumps(rows, indent=1))
+            return
+        import pandas as pd
+
+        frame = pd.DataFrame({k: (list(v.tolist()) if isinstance(v, np.ndarray) and v.ndim > 1 else v) for k, v in self.table.items()})
+        if path.endswith(".parquet"):
+            buf = io.BytesIO()
+            frame.to_parquet(buf, index=False)
+            atomic_write(path, buf.getvalue())
+        else:
+            atomic_write(path, frame.to_csv(index=False))
+
+    def _print(self, path: str, arrays: list[str]) -> None:
+        n = len(next(iter(self.table.values()))) if self.table else 0
+        print(f"predictions ({n} rows) -> {path}")
+        for i in range(min(n, self.print_rows)):
+            print("  " + ", ".join(f"{k}={_short(v[i])}" for k, v in self.table.items()))
+        for k, v in self.table.items():
+            if k.endswith("pred") and k[:-4] + "target" in self.table:
+                t = self.table[k[:-4] + "target"]
+                known = [i for i in range(n) if t[i] != ""]
+                if known:
+                    acc = sum(v[i] == t[i] for i in known) / len(known)
+                    print(f"  accuracy vs. target ({k[:-5] or 'all'}, {len(known)} rows with a target): {acc:.4f}")
+            if k.endswith("value") and k[:-5] + "target" in self.table:
+                err = np.asarray(v, np.float64) - np.asarray(self.table[k[:-5] + "target"], np.float64)
+                if np.isfinite(err).any():
+                    print(f"  vs. target: MSE {np.nanmean(err ** 2):.4f}, MAE {np.nanmean(np.abs(err)):.4f} (over known values)")
+
+
+def _array(v: Any) -> np.ndarray:
+    """A column as a NumPy array without pickled objects: numbers stay numbers, anything else is text."""
+    a = np.asarray(v)
+    return a.astype(str) if a.dtype == object else a
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, float) and not np.isfinite(v):
+        return None
+    return v
 
 
 def _short(v: Any) -> str:
-    if isinstance(v, list):
-        flat = v if not v or not isinstance(v[0], list) else [x for r in v for x in r]
-        return "[" + ", ".join(f"{x:.3g}" if isinstance(x, float) else str(x) for x in flat[:4]) + (", ...]" if len(flat) > 4 else "]")
+    if isinstance(v, np.ndarray) and v.ndim > 0:
+        flat = v.reshape(-1)
+        return f"[{' x '.join(map(str, v.shape))}: " + ", ".join(f"{x:.3g}" for x in flat[:3]) + (", ...]" if flat.size > 3 else "]")
+    if isinstance(v, np.generic):
+        v = v.item()
     return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
-def _accuracy(rows: list[dict[str, Any]]) -> float | None:
-    if not rows or "pred" not in rows[0] or "target" not in rows[0]:
-        return None
-    return sum(r["pred"] == r["target"] for r in rows) / len(rows)

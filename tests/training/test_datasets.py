@@ -169,9 +169,11 @@ def test_array_and_paired_datamodules(wav_dir):
     img = ArrayDataModule("digits", "image", {"size": None, "mean": None, "std": None, "channels": 1}, val_fraction=0.2)
     x, y, _ = mds.sklearn_arrays("digits")
     img.setup()
-    item = img.datasets["val"][0]
-    torch.testing.assert_close(item["image"][0], torch.from_numpy(x[item["index"]]), rtol=0, atol=0)
-    assert item["label"] == y[item["index"]]
+    item = img.datasets["val"][3]
+    assert item["index"] == 3  # the position in the split; indices[split] maps it to the dataset's row
+    row = img.indices["val"][3]
+    torch.testing.assert_close(item["image"][0], torch.from_numpy(x[row]), rtol=0, atol=0)
+    assert item["label"] == y[row] and img.row_names("val")[3] == f"digits[{row}]"
     audio = FolderDataModule(os.fspath(wav_dir), "audio", "*.wav", label_regex=r"^(\d+)_", preprocess={"num_mel_bins": 32})
     with pytest.raises(ValueError, match="class names differ"):
         PairedDataModule(audio, img)
@@ -213,11 +215,12 @@ def test_forecast_datamodule_windows_against_pandas(tmp_path):
     assert len(train) == len(range(0, 120 - 24 - 8 + 1, 3))
     val = dm.datasets["val"]
     first = val[0]
-    assert first["index"] == 120 - 24  # validation windows start input_len before the border
+    starts = dm.row_columns("val")["start_row"]
+    assert first["index"] == 0 and starts[0] == 120 - 24  # validation windows start input_len before the border
+    assert dm.row_names("val")[0] == str(df["date"].iloc[96]).replace(" ", "T")  # ids: the window's start time
     np.testing.assert_allclose(first["time_series"].numpy(), z[96:120], rtol=0, atol=1e-5)
     np.testing.assert_allclose(first["target"].numpy(), z[120:128], rtol=0, atol=1e-5)
-    last = val[len(val) - 1]
-    assert last["index"] + 24 + 8 <= 160
+    assert starts == list(range(96, 160 - 24 - 8 + 1, 5))
     with pytest.raises(ValueError, match=r"columns \['c'\] are not in"):
         ForecastDataModule(str(p), columns=["a", "c"])
 
@@ -236,10 +239,11 @@ def test_table_datamodule_encodes_with_train_statistics(tmp_path):
     info = dm.model_info
     assert info["num_classes"] == 2 and dm.class_names == ["no", "yes"]
     assert info["tokenizers"]["tabular"] == {"num_numeric": 1, "cardinalities": [3]}
-    train_idx = dm.datasets["train"].with_format(None)["index"]
+    dm.setup()
+    train_idx = [int(i) for i in dm.row_names("train")]  # ids: the rows of the file
     mu, sd = df["x"].iloc[train_idx].mean(), df["x"].iloc[train_idx].std(ddof=0)
     item = dm.datasets["val"][0]
-    row = df.iloc[item["index"]]
+    row = df.iloc[int(dm.row_names("val")[item["index"]])]
     assert abs(float(item["tabular"]["numeric"][0]) - (row["x"] - mu) / sd) < 1e-5
     assert item["label"] == ["no", "yes"].index(row["y"])
     batch = next(iter(dm.train_dataloader()))
@@ -255,4 +259,6 @@ def test_array_datamodule_arrow_cache_equals_lazy(tmp_path):
     bl, bc = next(iter(lazy.val_dataloader())), next(iter(cached.val_dataloader()))
     torch.testing.assert_close(bc["image"], bl["image"], rtol=0, atol=1e-6)
     assert bc["label"].tolist() == bl["label"].tolist() and bc["index"].tolist() == bl["index"].tolist()
-    assert len(list((tmp_path / "c").glob("mmte-*.arrow"))) == 2  # train and val (the empty test split is not cached)
+    assert len(list((tmp_path / "c").glob("mmte-*.arrow"))) == 1  # only the split asked for is built
+    next(iter(cached.train_dataloader()))
+    assert len(list((tmp_path / "c").glob("mmte-*.arrow"))) == 2
