@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -35,14 +35,15 @@ logger = logging.getLogger(__name__)
 __all__ = ["AudioAugment", "SpecAugment", "WaveformAugment", "utterance_cmvn"]
 
 
-def _range(v: Any, what: str, lo: float = -math.inf) -> tuple[float, float] | None:
+def _range(v: Any, what: str, lo: float = -math.inf, symmetric: bool = False) -> tuple[float, float] | None:
+    """``[low, high]`` -> a checked tuple; a single number ``g`` -> ``(-g, g)`` when ``symmetric``."""
     if v is None:
         return None
-    t = (float(-v), float(v)) if isinstance(v, (int, float)) and what.endswith("_db") and what != "noise_snr_db" else None
-    if t is None:
-        t = tuple(float(x) for x in v) if isinstance(v, (list, tuple)) else None
+    if symmetric and isinstance(v, (int, float)) and v >= 0:
+        return -float(v), float(v)
+    t = tuple(float(x) for x in v) if isinstance(v, (list, tuple)) else None
     if t is None or len(t) != 2 or t[0] > t[1] or t[0] < lo:
-        raise ValueError(f"augment {what} must be a [low, high] range with low <= high (>= {lo}); got {v!r}")
+        raise ValueError(f"augment {what} must be a [low, high] range with low <= high{f' (low >= {lo})' if lo > -math.inf else ''}; got {v!r}")
     return t
 
 
@@ -55,8 +56,9 @@ class WaveformAugment:
             spaced values; the clip is resampled so it plays that much faster (pitch moves with it);
             None: off.
         speed_steps: how many factors ``speed`` is quantised to (resampling kernels are cached per factor).
-        shift: largest time shift as a fraction of the clip's length; the clip moves right (zeros in
-            front) or left (zeros at the end... the start is cut) by up to this; 0: off.
+        shift: largest time shift as a fraction of the clip's length: the clip is delayed (zeros in
+            front, its end cut) or advanced (its start cut, zeros at the end) by up to this; its length
+            stays; 0: off.
         gain_db: ``[low, high]`` gain in dB (a number ``g``: ``[-g, g]``); None: off.
         noise_snr_db: ``[low, high]`` signal-to-noise ratio in dB of added white noise; None: off.
         p: probability that a clip is augmented at all.
@@ -73,7 +75,7 @@ class WaveformAugment:
         self._speed = _range(self.speed, "speed", 0.5)
         if self._speed is not None and self._speed[1] > 2.0:
             raise ValueError(f"augment speed must lie in [0.5, 2.0]; got {self.speed!r}")
-        self._gain = _range(self.gain_db, "gain_db")
+        self._gain = _range(self.gain_db, "gain_db", symmetric=True)
         self._snr = _range(self.noise_snr_db, "noise_snr_db")
         if not 0.0 <= float(self.shift) < 1.0:
             raise ValueError(f"augment shift must be a fraction in [0, 1); got {self.shift!r}")
@@ -104,7 +106,7 @@ class WaveformAugment:
         if self.shift > 0:
             n = int(float(torch.rand(())) * self.shift * w.shape[0])
             if n:
-                w = torch.cat([w.new_zeros(n), w]) if bool(torch.rand(()) < 0.5) else torch.cat([w[n:], w.new_zeros(n)])
+                w = torch.cat([w.new_zeros(n), w[:-n]]) if bool(torch.rand(()) < 0.5) else torch.cat([w[n:], w.new_zeros(n)])
         if self._gain is not None:
             lo, hi = self._gain
             w = w * 10 ** ((lo + (hi - lo) * float(torch.rand(()))) / 20)
@@ -126,6 +128,10 @@ class SpecAugment:
         time_masks: number of time masks.
         time_width: largest time mask width (frames).
         time_ratio: a time mask covers at most this fraction of the clip (short clips keep most frames).
+        eq_db: a random equaliser: a smooth gain curve over the mel bins, ``sum_k a_k cos(pi k f / F)``
+            for ``k = 1..eq_bands`` with ``a_k ~ U(-1, 1) * eq_db / eq_bands`` dB, added to the log-mel
+            fbank (a different microphone / room / voice colouring); 0: off.
+        eq_bands: cosine terms of the equaliser curve (higher: wigglier curves).
     """
 
     freq_masks: int = 2
@@ -133,18 +139,23 @@ class SpecAugment:
     time_masks: int = 2
     time_width: int = 10
     time_ratio: float = 0.2
+    eq_db: float = 0.0
+    eq_bands: int = 3
 
     def __post_init__(self):
-        for f in ("freq_masks", "freq_width", "time_masks", "time_width"):
+        for f in ("freq_masks", "freq_width", "time_masks", "time_width", "eq_bands"):
             v = getattr(self, f)
             if not isinstance(v, int) or v < 0:
                 raise ValueError(f"SpecAugment {f} must be an int >= 0; got {v!r}")
         if not 0.0 < float(self.time_ratio) <= 1.0:
             raise ValueError(f"SpecAugment time_ratio must be in (0, 1]; got {self.time_ratio!r}")
+        if float(self.eq_db) < 0:
+            raise ValueError(f"SpecAugment eq_db must be >= 0; got {self.eq_db!r}")
+        self._freq = self._time = None
 
     @property
     def active(self) -> bool:
-        return (self.freq_masks > 0 and self.freq_width > 0) or (self.time_masks > 0 and self.time_width > 0)
+        return (self.freq_masks > 0 and self.freq_width > 0) or (self.time_masks > 0 and self.time_width > 0) or (self.eq_db > 0 and self.eq_bands > 0)
 
     def __call__(self, fbank: torch.Tensor) -> torch.Tensor:
         """``[T, F]`` -> ``[T, F]`` with masked bands set to the clip's mean."""
@@ -154,17 +165,27 @@ class SpecAugment:
             raise ValueError(f"SpecAugment expects an fbank [T, F]; got shape {tuple(fbank.shape)}")
         if not self.active:
             return fbank
+        if self.eq_db > 0 and self.eq_bands > 0:
+            f = fbank.shape[1]
+            k = torch.arange(1, self.eq_bands + 1, dtype=fbank.dtype)
+            a = (torch.rand(self.eq_bands, dtype=fbank.dtype) * 2 - 1) * (self.eq_db / self.eq_bands)
+            curve_db = (a[:, None] * torch.cos(math.pi * k[:, None] * (torch.arange(f, dtype=fbank.dtype) + 0.5) / f)).sum(0)
+            fbank = fbank + curve_db * (math.log(10) / 10)  # dB -> natural-log power (Kaldi's fbank)
         spec = fbank.t()[None]  # [1, F, T]: torchaudio's (..., freq, time) layout
         fill = float(fbank.mean())
-        if self.freq_width > 0:
-            fm = torchaudio.transforms.FrequencyMasking(min(self.freq_width, fbank.shape[1]))
+        if self.freq_width > 0 and self.freq_masks > 0:
+            if self._freq is None:
+                self._freq = torchaudio.transforms.FrequencyMasking(self.freq_width)
+            self._freq.mask_param = min(self.freq_width, fbank.shape[1])
             for _ in range(self.freq_masks):
-                spec = fm(spec, mask_value=fill)
+                spec = self._freq(spec, mask_value=fill)
         width = min(self.time_width, int(self.time_ratio * fbank.shape[0]))
-        if width > 0:
-            tm = torchaudio.transforms.TimeMasking(width)
+        if width > 0 and self.time_masks > 0:
+            if self._time is None:
+                self._time = torchaudio.transforms.TimeMasking(self.time_width)
+            self._time.mask_param = width
             for _ in range(self.time_masks):
-                spec = tm(spec, mask_value=fill)
+                spec = self._time(spec, mask_value=fill)
         return spec[0].t().contiguous()
 
 
@@ -207,5 +228,19 @@ class AudioAugment:
             raise ValueError(f"unknown augment option(s) {unknown}; expected some of {sorted(wf | sf)}")
         spec_cfg = {k: v for k, v in config.items() if k in sf}
         aug = cls(WaveformAugment(**{k: v for k, v in config.items() if k in wf}), SpecAugment(**{"freq_masks": 0, "time_masks": 0, **spec_cfg}))
-        logger.info("audio augmentation (training split): %s", {**{k: v for k, v in asdict(aug.waveform).items()}, **spec_cfg})
+        logger.info("audio augmentation (training split only): %s", {k: v for k, v in config.items()})
         return aug
+
+    def fbank(self, source: Any, sample_rate: int | None = None, **fbank_kwargs: Any) -> torch.Tensor:
+        """A file path (or a waveform with its ``sample_rate``) -> augmented waveform -> log-mel fbank
+        (:func:`mmte.data.audio.compute_fbank` with ``fbank_kwargs``) -> SpecAugment masks -> ``[T, F]``."""
+        import os
+
+        from .audio import compute_fbank, load_audio
+
+        if isinstance(source, (str, os.PathLike)):
+            source, sample_rate = load_audio(source)
+        if sample_rate is None:
+            raise ValueError("AudioAugment.fbank needs sample_rate when given a waveform")
+        w = self.waveform(source, sample_rate)
+        return self.spec(compute_fbank(w, sample_rate, **fbank_kwargs))

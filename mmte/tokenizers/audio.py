@@ -6,6 +6,11 @@ by a convolution (``patch_size``/``stride`` are one int for both axes or ``[freq
 grid is ``F' = (F - pf) // sf + 1`` by ``T' = (T - pt) // st + 1``. A patch spanning all mel bins
 (``patch_size: [F, 4]``) gives one token per few frames (frame-level tokens, ``F' = 1``).
 
+``stem: conv`` replaces the patch projection by the convolutional subsampling of speech transformers
+(Conformer, ESPnet): two 3x3 convolutions with stride 2 and GELU over the fbank, then a Linear over
+channels x remaining mel bins: one token per 4 frames (receptive field 7 frames), ``F' = 1``. Its
+locality bias helps when there is little data to learn patches from.
+
 Optionally (``normalize: utterance``) each clip is first standardised per mel bin by its own mean
 and standard deviation over its real frames (per-utterance mean/variance normalisation, CMVN): a
 speaker's or microphone's fixed spectral colouring is removed, which is what lets a model trained on
@@ -41,25 +46,27 @@ def _pair(v, what: str) -> tuple[int, int]:
     return t
 
 
-def utterance_norm(fbank: torch.Tensor, frames: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
-    """Per-utterance mean/variance normalisation: each clip's mel bins standardised by their own mean
-    and std over the clip's real frames; padded frames stay 0.
+def utterance_norm(fbank: torch.Tensor, frames: torch.Tensor | None = None, per_bin: bool = True, eps: float = 1e-5) -> torch.Tensor:
+    """Per-utterance mean/variance normalisation over each clip's real frames; padded frames stay 0.
 
     Args:
         fbank: ``[B, T, F]`` (padded).
         frames: real frames per clip ``[B]`` (None: all ``T``).
+        per_bin: standardise every mel bin by its own mean/std (CMVN), or the whole clip by one
+            mean/std (level normalisation: the spectral shape is kept, loudness removed).
 
     Returns:
         ``[B, T, F]``.
     """
-    b, t, _ = fbank.shape
+    b, t, f = fbank.shape
     if frames is None:
         m = torch.ones(b, t, 1, dtype=fbank.dtype, device=fbank.device)
     else:
         m = (torch.arange(t, device=fbank.device)[None] < frames.to(fbank.device)[:, None]).to(fbank.dtype)[..., None]
-    n = m.sum(1, keepdim=True).clamp_min(1)
-    mean = (fbank * m).sum(1, keepdim=True) / n
-    var = (((fbank - mean) * m) ** 2).sum(1, keepdim=True) / n
+    dims = (1,) if per_bin else (1, 2)
+    n = (m.sum(1, keepdim=True) * (1 if per_bin else f)).clamp_min(1)
+    mean = (fbank * m).sum(dims, keepdim=True) / n
+    var = (((fbank - mean) * m) ** 2).sum(dims, keepdim=True) / n
     return (fbank - mean) / (var + eps).sqrt() * m
 
 
@@ -76,8 +83,12 @@ class AudioTokenizer(ModalityTokenizer):
         cls_token: prepend a learned cls token.
         sample_rate: the model's sample rate (waveform inputs are resampled to it).
         fbank_mean, fbank_std: fbank normalisation for waveform inputs (AudioSet's by default).
-        normalize: ``None`` or ``"utterance"`` (per-utterance, per-mel-bin mean/variance
-            normalisation over the clip's real frames, applied to every input).
+        normalize: ``None``, ``"utterance"`` (per-utterance, per-mel-bin mean/variance normalisation
+            over the clip's real frames, applied to every input) or ``"level"`` (the clip's single
+            mean/std over all bins: loudness removed, spectral shape kept).
+        stem: ``"patch"`` (a patch projection, AST) or ``"conv"`` (2x conv3x3-stride-2 subsampling;
+            ``patch_size``/``stride`` are then unused).
+        stem_channels: channels of the conv stem.
     """
 
     modality = "audio"
@@ -94,6 +105,8 @@ class AudioTokenizer(ModalityTokenizer):
         fbank_mean: float = -4.2677393,
         fbank_std: float = 4.5689974,
         normalize: str | None = None,
+        stem: str = "patch",
+        stem_channels: int = 64,
         *,
         params_dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
@@ -104,15 +117,29 @@ class AudioTokenizer(ModalityTokenizer):
             raise ValueError(
                 f"num_mel_bins ({num_mel_bins}) and max_frames ({max_frames}) must be >= the patch's [freq, time] = [{pf}, {pt}]"
             )
-        if normalize not in (None, "utterance"):
-            raise ValueError(f"audio tokenizer normalize must be None or 'utterance'; got {normalize!r}")
+        if normalize not in (None, "utterance", "level"):
+            raise ValueError(f"audio tokenizer normalize must be None, 'utterance' or 'level'; got {normalize!r}")
+        if stem not in ("patch", "conv"):
+            raise ValueError(f"audio tokenizer stem must be 'patch' or 'conv'; got {stem!r}")
+        kw = {"device": device, "dtype": params_dtype}
+        self.stem_kind = stem
+        if stem == "conv":
+            if num_mel_bins < 7 or max_frames < 7:
+                raise ValueError(f"the conv stem needs num_mel_bins and max_frames >= 7; got {num_mel_bins}, {max_frames}")
+            pf, pt, sf, st = num_mel_bins, 7, num_mel_bins, 4  # one token per 4 frames, receptive field 7 frames
+            f_out = _grid(_grid(num_mel_bins, 3, 2), 3, 2)
+            self.stem = nn.Sequential(
+                nn.Conv2d(1, stem_channels, 3, 2, **kw), nn.GELU(), nn.Conv2d(stem_channels, stem_channels, 3, 2, **kw), nn.GELU()
+            )
+            self.proj = nn.Linear(stem_channels * f_out, dim, **kw)
+            self.freq_grid, self.max_time_grid = 1, _grid(_grid(max_frames, 3, 2), 3, 2)
+        else:
+            self.stem = None
+            self.proj = nn.Conv2d(1, dim, (pf, pt), (sf, st), **kw)
+            self.freq_grid, self.max_time_grid = _grid(num_mel_bins, pf, sf), _grid(max_frames, pt, st)
         self.num_mel_bins, self.max_frames, self.patch_size, self.stride = num_mel_bins, max_frames, patch_size, stride
         self.patch_time, self.stride_time, self.normalize = pt, st, normalize
         self.sample_rate, self.fbank_mean, self.fbank_std = sample_rate, fbank_mean, fbank_std
-        self.freq_grid = _grid(num_mel_bins, pf, sf)
-        self.max_time_grid = _grid(max_frames, pt, st)
-        kw = {"device": device, "dtype": params_dtype}
-        self.proj = nn.Conv2d(1, dim, (pf, pt), (sf, st), **kw)
         self.cls_token = nn.Parameter(torch.empty(1, 1, dim, **kw)) if cls_token else None
         self.num_prefix_tokens = int(cls_token)
         # [1, T'max, F', D] so that time can be sliced
@@ -123,13 +150,20 @@ class AudioTokenizer(ModalityTokenizer):
 
     def reset_parameters(self) -> None:
         self.proj.reset_parameters()
+        if self.stem is not None:
+            for m in self.stem:
+                if isinstance(m, nn.Conv2d):
+                    m.reset_parameters()
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.trunc_normal_(self.cls_token, std=0.02)
             nn.init.trunc_normal_(self.cls_pos, std=0.02)
 
     def num_tokens(self, frames: int) -> int:
-        """Token count of a clip: ``cls + ((F - pf) // sf + 1) * ((frames - pt) // st + 1)``."""
+        """Token count of a clip: ``cls + ((F - pf) // sf + 1) * ((frames - pt) // st + 1)`` (conv stem:
+        ``cls + ((frames - 3) // 2 - 2) // 2 + 1``)."""
+        if self.stem is not None:
+            return self.num_prefix_tokens + _grid(_grid(frames, 3, 2), 3, 2)
         return self.num_prefix_tokens + self.freq_grid * _grid(frames, self.patch_time, self.stride_time)
 
     def fbank(self, waveform: torch.Tensor, lengths: torch.Tensor | None = None, sample_rate: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -179,11 +213,15 @@ class AudioTokenizer(ModalityTokenizer):
             raise ValueError(f"audio clip has {t} frames; this tokenizer takes at most max_frames={self.max_frames}")
         if frames is not None and tuple(frames.shape) != (b,):
             raise ValueError(f"frames must be [B={b}]; got shape {tuple(frames.shape)}")
-        if self.normalize == "utterance":
-            fbank = utterance_norm(fbank.float(), frames)
-        x = self.proj(fbank.transpose(1, 2).unsqueeze(1).to(self.proj.weight.dtype))  # [B, D, F', T']
-        tg = x.shape[-1]
-        x = x.permute(0, 3, 2, 1)  # [B, T', F', D]  time-major
+        if self.normalize is not None:
+            fbank = utterance_norm(fbank.float(), frames, per_bin=self.normalize == "utterance")
+        img = fbank.transpose(1, 2).unsqueeze(1).to(self.proj.weight.dtype)  # [B, 1, F, T]
+        if self.stem is None:
+            x = self.proj(img).permute(0, 3, 2, 1)  # [B, D, F', T'] -> [B, T', F', D]  time-major
+        else:
+            h = self.stem(img)  # [B, C, F'', T']
+            x = self.proj(h.permute(0, 3, 1, 2).flatten(2))[:, :, None]  # [B, T', 1, D]
+        tg = x.shape[1]
         x = (x + self.pos_embed[:, :tg]).flatten(1, 2)
         mask = None
         if frames is not None:
