@@ -233,14 +233,18 @@ class AudioAugment:
 
     def fbank(self, source: Any, sample_rate: int | None = None, **fbank_kwargs: Any) -> torch.Tensor:
         """A file path (or a waveform with its ``sample_rate``) -> augmented waveform -> log-mel fbank
-        (:func:`mmte.data.audio.compute_fbank` with ``fbank_kwargs``) -> SpecAugment masks -> ``[T, F]``."""
+        (:func:`mmte.data.audio.compute_fbank` with ``fbank_kwargs``) -> SpecAugment (on the natural-log
+        power scale the equaliser's dB are defined on) -> the fbank normalisation (``mean``/``std``)
+        -> ``[T, F]``."""
         import os
 
-        from .audio import compute_fbank, load_audio
+        from .audio import AUDIOSET_MEAN, AUDIOSET_STD, compute_fbank, load_audio
 
         if isinstance(source, (str, os.PathLike)):
             source, sample_rate = load_audio(source)
         if sample_rate is None:
             raise ValueError("AudioAugment.fbank needs sample_rate when given a waveform")
+        mean, std = fbank_kwargs.pop("mean", AUDIOSET_MEAN), fbank_kwargs.pop("std", AUDIOSET_STD)
         w = self.waveform(source, sample_rate)
-        return self.spec(compute_fbank(w, sample_rate, **fbank_kwargs))
+        fb = self.spec(compute_fbank(w, sample_rate, mean=None, std=None, **fbank_kwargs))
+        return fb if mean is None or std is None else (fb - mean) / (2 * std)

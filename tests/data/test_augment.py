@@ -109,3 +109,17 @@ def test_from_config_and_reproducibility(tmp_path):
     c = aug.fbank(str(tmp_path / "a.wav"), target_rate=8000, num_mel_bins=32)
     torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert a.shape[1] == 32 and not (a.shape == c.shape and torch.equal(a, c))
+
+
+def test_no_op_augment_equals_plain_preprocessing(tmp_path):
+    """With every perturbation off the augmented path is the plain one, normalisation included (the
+    equaliser works on the natural-log scale before the fbank's mean/std normalisation)."""
+    import soundfile as sf
+
+    from mmte.data.audio import preprocess_audio
+
+    sf.write(tmp_path / "a.wav", _wave().numpy(), 8000)
+    aug = AudioAugment.from_config({"p": 0.0})
+    for kw in ({}, {"mean": None, "std": None}, {"mean": -3.0, "std": 2.0}):
+        ref = preprocess_audio(str(tmp_path / "a.wav"), target_rate=8000, num_mel_bins=24, **kw)
+        torch.testing.assert_close(aug.fbank(str(tmp_path / "a.wav"), target_rate=8000, num_mel_bins=24, **kw), ref, rtol=0, atol=0)
