@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import re
@@ -62,11 +61,14 @@ def mmte_fit(args: list[str], root: str):
                          "--trainer.enable_model_summary", "false"])
 
 
+SMOKE: list[str] = []  # --smoke: extra CLI arguments that make every run a few steps of a tiny model
+
+
 def _scaled_epochs(recipe: Path, scale: float) -> list[str]:
     import yaml
 
     epochs = int(yaml.safe_load(recipe.read_text())["trainer"]["max_epochs"])
-    return [] if scale == 1.0 else ["--trainer.max_epochs", str(max(1, round(epochs * scale)))]
+    return ([] if scale == 1.0 else ["--trainer.max_epochs", str(max(1, round(epochs * scale)))]) + SMOKE
 
 
 def _cpu() -> dict:
@@ -159,17 +161,17 @@ def run_audio(args, work: str) -> dict:
     for spk in folds:
         t0 = time.time()
         cli = mmte_fit(["--config", os.fspath(recipe), "--data.init_args.data_dir", rec, "--data.init_args.test_groups", f"[{spk}]",
+                        "--data.init_args.val_groups", "null", "--data.init_args.val_fraction", "0", "--trainer.limit_val_batches", "0",
                         *_scaled_epochs(recipe, args.epochs_scale)], os.path.join(work, "audio", spk))
         res = cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)[0]
         fit_s = time.time() - t0
         dm = cli.datamodule
-        paths = {s: dm.row_info[s]["path"] for s in ("train", "val", "test")}
-        labels = {s: [int(v) for v in dm.datasets[s].with_format(None)["label"]] for s in ("train", "val", "test")}
-        for p in (p for s in paths.values() for p in p):
-            if p not in cache:
-                cache[p] = _fbank(p)
-        tr_fb = [cache[p] for p in paths["train"] + paths["val"]]
-        tr_y = labels["train"] + labels["val"]
+        paths = {s: dm.row_info[s]["path"] for s in ("train", "test")}
+        labels = {s: [int(v) for v in dm.datasets[s].with_format(None)["label"]] for s in ("train", "test")}
+        for path in paths["train"] + paths["test"]:
+            if path not in cache:
+                cache[path] = _fbank(path)
+        tr_fb, tr_y = [cache[p] for p in paths["train"]], labels["train"]
         te_fb, te_y = [cache[p] for p in paths["test"]], labels["test"]
         lr = pooled_logreg(tr_fb, tr_y, te_fb, te_y)
         cnn = small_cnn(tr_fb, tr_y, te_fb, te_y, epochs=max(1, round(15 * args.epochs_scale)))
@@ -320,7 +322,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "generalisation.json")
     p.add_argument("--write", type=Path, default=None, help="also write the tables into this BENCHMARKS.md")
     p.add_argument("--workdir", default=None, help="where the runs' logs and checkpoints go (default: a temporary folder)")
+    p.add_argument("--smoke", action="store_true", help="a pipeline check: tiny backbone, 2 training batches, 1 epoch (figures meaningless)")
     args = p.parse_args(argv)
+    if args.smoke:
+        SMOKE[:] = ["--config", os.fspath(ROOT / "configs" / "encoders" / "tiny.yaml"), "--trainer.max_epochs", "1",
+                    "--trainer.limit_train_batches", "2"]
+        args.epochs_scale = min(args.epochs_scale, 1 / 15)
     env = _cpu()
     work = args.workdir or tempfile.mkdtemp(prefix="mmte-generalisation-")
     results: dict = {"env": env, "argv": sys.argv[1:] if argv is None else argv}

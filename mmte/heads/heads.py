@@ -132,37 +132,20 @@ class ForecastingHead(Head):
         num_patches: patches per channel ``P`` (the flatten head's input is ``P*D``); None: mean-pool
             the patches instead (any input length).
         dropout: dropout before the projection.
-        loss_type: ``"mse"``, ``"l1"`` or ``"huber"`` (smooth L1, beta 1).
-        linear_skip: add a per-step linear map of the channel's (instance-normalised) input window,
-            shared by the channels (``input_len -> horizon``, DLinear/RLinear's model), to the
-            transformer's forecast: the backbone then learns what a linear forecast misses.
-        input_len: the input window length (needed by ``linear_skip``; filled from the data).
+        loss_type: ``"mse"`` or ``"l1"``.
     """
 
     default_target = "target"
 
-    def __init__(
-        self,
-        dim: int,
-        horizon: int,
-        num_patches: int | None = None,
-        dropout: float = 0.0,
-        loss_type: str = "mse",
-        linear_skip: bool = False,
-        input_len: int | None = None,
-    ):
+    def __init__(self, dim: int, horizon: int, num_patches: int | None = None, dropout: float = 0.0, loss_type: str = "mse"):
         super().__init__(dim)
         if not isinstance(horizon, int) or horizon < 1:
             raise ValueError(f"horizon must be a positive int; got {horizon!r}")
-        if loss_type not in ("mse", "l1", "huber"):
-            raise ValueError(f"loss_type must be 'mse', 'l1' or 'huber'; got {loss_type!r}")
-        if linear_skip and (not isinstance(input_len, int) or input_len < 1):
-            raise ValueError(f"linear_skip needs input_len, the input window length (a positive int); got {input_len!r}")
+        if loss_type not in ("mse", "l1"):
+            raise ValueError(f"loss_type must be 'mse' or 'l1'; got {loss_type!r}")
         self.horizon, self.num_patches, self.loss_type = horizon, num_patches, loss_type
-        self.input_len = input_len
         self.dropout = nn.Dropout(dropout)
         self.proj = nn.Linear(dim * (num_patches or 1), horizon)
-        self.skip = nn.Linear(input_len, horizon) if linear_skip else None
 
     def forward(self, hidden: torch.Tensor, seq: TokenSeq | None = None) -> torch.Tensor:
         self._check_hidden(hidden, seq, self.dim)
@@ -175,14 +158,6 @@ class ForecastingHead(Head):
                 raise ValueError(f"forecasting head was built for num_patches={self.num_patches}; got {x.shape[1]} patch tokens")
             x = x.flatten(1)
         y = self.proj(self.dropout(x))  # [B*C, H]
-        if self.skip is not None:
-            series = extras.get("series")
-            if series is None or series.shape[-1] != self.input_len:
-                raise ValueError(
-                    f"forecasting head's linear_skip needs the tokenizer's normalised series of length input_len={self.input_len}; "
-                    f"got {None if series is None else tuple(series.shape)}"
-                )
-            y = y + self.skip(series.reshape(y.shape[0], -1).to(y.dtype))
         c = int(extras.get("channels", 1))
         if y.shape[0] % c:
             raise ValueError(f"forecasting head got {y.shape[0]} sequences, not a multiple of channels={c}")
@@ -195,8 +170,7 @@ class ForecastingHead(Head):
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if target is None or tuple(target.shape) != tuple(output.shape):
             raise ValueError(f"forecasting target must be [B, horizon, C] = {tuple(output.shape)}; got {getattr(target, 'shape', target)}")
-        fn = {"mse": F.mse_loss, "l1": F.l1_loss, "huber": F.smooth_l1_loss}[self.loss_type]
-        return fn(output, target.to(output.dtype))
+        return (F.mse_loss if self.loss_type == "mse" else F.l1_loss)(output, target.to(output.dtype))
 
 
 class TokenHead(Head):

@@ -149,8 +149,7 @@ class TimeSeriesTokenizer(ModalityTokenizer):
             x = torch.cat([x, x[..., -1:].expand(-1, -1, self.stride)], -1)
         patches = x.unfold(-1, self.patch_len, self.stride)  # [B, C, P, patch_len]
         tokens = self.proj(patches) + self.pos_embed[:, :p]
-        extras = {"channels": c, "revin": stats, "series": x[..., :length]}  # series: [B, C, L] as normalised (heads' linear skip)
-        return TokenSeq(tokens.reshape(b * c, p, self.dim), None, 0, extras=extras)
+        return TokenSeq(tokens.reshape(b * c, p, self.dim), None, 0, extras={"channels": c, "revin": stats})
 
 
 def _register() -> None:

@@ -168,8 +168,6 @@ def apply_data_info(tokenizers: Mapping[str, Any], heads: Mapping[str, Any], inf
             fill(h, "out_dim", info.get("out_dim"), f"model.heads.{name}")
         elif kind == "forecasting":
             fill(h, "horizon", info.get("horizon"), f"model.heads.{name}")
-            if h.get("linear_skip"):
-                fill(h, "input_len", info.get("input_len"), f"model.heads.{name}")
             # num_patches: "auto" / absent -> computed from the input length (None: mean-pool head)
             if h.get("num_patches", "auto") == "auto":
                 if info.get("input_len"):
