@@ -195,6 +195,8 @@ def _cli_class():
                 help="auto: bf16-mixed where the CPU (avx512_bf16/AMX) or GPU has native bf16, else 32-true; "
                 "any other value is passed to trainer.precision",
             )
+            parser.add_argument("--threads", type=int | None, default=None,
+                                help="torch intra-op threads (default: $MMTE_THREADS, $OMP_NUM_THREADS, else physical cores // local ranks)")
 
         def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
             if not isinstance(args, dict):
@@ -273,7 +275,10 @@ def _cli_class():
         def before_instantiate_classes(self) -> None:
             from jsonargparse import Namespace
 
+            from .training.threads import set_threads
+
             c = self._section()
+            set_threads(c.get("threads"), c.trainer.devices, c.trainer.accelerator)
             root = c.trainer.default_root_dir or os.path.join("runs", "mmte")
             c.trainer.default_root_dir = root
             _check_trainer_options(c.trainer)

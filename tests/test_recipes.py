@@ -12,7 +12,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
-FSDD_RECIPES = {"fsdd_audio", "audio_image_joint", "audio_image_retrieval"}
+FSDD_RECIPES = {"fsdd_audio", "fsdd_speakers", "audio_image_joint", "audio_image_retrieval"}
 
 
 @pytest.fixture(scope="module")
@@ -25,12 +25,14 @@ def shared_data() -> Path:
 
 def _data_args(name: str, data: Path) -> list[str]:
     rec = str(data / "fsdd" / "recordings")
-    if name == "fsdd_audio":
+    if name in ("fsdd_audio", "fsdd_speakers"):
         return ["--data.init_args.data_dir", rec]
     if name in ("audio_image_joint", "audio_image_retrieval"):
         return ["--data.init_args.first.init_args.data_dir", rec]
     if name == "etth1_forecast":
         return ["--data.init_args.path", str(data / "ett" / "ETTh1.csv")]
+    if name == "diamonds_tabular":
+        return ["--data.init_args.path", str(data / "tabular" / "diamonds.csv")]
     return []
 
 
@@ -42,7 +44,8 @@ def _cli(args, tmp_path):
 
 def test_there_are_recipes():
     names = {p.stem for p in RECIPES}
-    assert {"quickstart", "fsdd_audio", "etth1_forecast", "tabular_wine", "audio_image_joint", "audio_image_retrieval"} <= names
+    assert {"quickstart", "fsdd_audio", "fsdd_speakers", "etth1_forecast", "tabular_wine", "diamonds_tabular", "audio_image_joint",
+            "audio_image_retrieval"} <= names
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
@@ -73,7 +76,7 @@ def _metrics(root: Path) -> dict[str, float]:
     return last
 
 
-QUICK = ["quickstart", "fsdd_audio", "etth1_forecast", "tabular_wine", "audio_image_joint", "audio_image_retrieval"]
+QUICK = ["quickstart", "fsdd_audio", "fsdd_speakers", "etth1_forecast", "tabular_wine", "diamonds_tabular", "audio_image_joint", "audio_image_retrieval"]
 
 
 @pytest.mark.parametrize("name", QUICK)

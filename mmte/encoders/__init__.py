@@ -11,8 +11,10 @@ from .convert import (
     open_clip_to_mmte,
 )
 from .presets import PRESETS, BackboneConfig, get_preset, list_presets
+from .sources import BACKBONE_SOURCES, resolve_backbone_source, source_config
 
 __all__ = [
+    "BACKBONE_SOURCES",
     "PRESETS",
     "Backbone",
     "BackboneConfig",
@@ -25,4 +27,6 @@ __all__ = [
     "load_state_dict_file",
     "meta_transformer_to_mmte",
     "open_clip_to_mmte",
+    "resolve_backbone_source",
+    "source_config",
 ]

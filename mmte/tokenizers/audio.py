@@ -1,12 +1,26 @@
-"""Audio tokenizer: AST-style overlapping 16x16 patches of a log-mel fbank.
+"""Audio tokenizer: AST-style patches of a log-mel fbank (square 16x16, or frame-level strips).
 
 An fbank ``[B, T, F]`` (frames x mel bins, the layout Kaldi's fbank returns) is viewed as a
-one-channel image ``[B, 1, F, T]`` and cut into ``patch x patch`` patches every ``stride`` bins /
-frames by a convolution: the patch grid is ``F' = (F - patch) // stride + 1`` by
-``T' = (T - patch) // stride + 1``. The position embedding is sized from the grid of the longest
-input (``max_frames``) and sliced along time for shorter ones, so a padded clip's real tokens get
-exactly the embeddings they would get unpadded. Tokens are ordered time-major (``t * F' + f``); a time
-column is real when its whole patch lies inside the clip (``t * stride + patch <= frames``).
+one-channel image ``[B, 1, F, T]`` and cut into ``pf x pt`` patches every ``sf`` bins / ``st`` frames
+by a convolution (``patch_size``/``stride`` are one int for both axes or ``[freq, time]``): the patch
+grid is ``F' = (F - pf) // sf + 1`` by ``T' = (T - pt) // st + 1``. A patch spanning all mel bins
+(``patch_size: [F, 4]``) gives one token per few frames (frame-level tokens, ``F' = 1``).
+
+``stem: conv`` replaces the patch projection by the convolutional subsampling of speech transformers
+(Conformer, ESPnet): two 3x3 convolutions with stride 2 and GELU over the fbank, then a Linear over
+channels x remaining mel bins: one token per 4 frames (receptive field 7 frames), ``F' = 1``. Its
+locality bias helps when there is little data to learn patches from.
+
+Optionally (``normalize: utterance``) each clip is first standardised per mel bin by its own mean
+and standard deviation over its real frames (per-utterance mean/variance normalisation, CMVN): a
+speaker's or microphone's fixed spectral colouring is removed, which is what lets a model trained on
+a few speakers hold up on a new one. It runs inside the model, so training, test and predict on any
+data get the same normalisation.
+
+The position embedding is sized from the grid of the longest input (``max_frames``) and sliced along
+time for shorter ones, so a padded clip's real tokens get exactly the embeddings they would get
+unpadded. Tokens are ordered time-major (``t * F' + f``); a time column is real when its whole patch
+lies inside the clip (``t * st + pt <= frames``).
 """
 
 from __future__ import annotations
@@ -17,11 +31,43 @@ from torch import nn
 from .base import ModalityTokenizer, TokenSeq, prepend_cls
 from .registry import register_modality
 
-__all__ = ["AudioTokenizer"]
+__all__ = ["AudioTokenizer", "utterance_norm"]
 
 
 def _grid(n: int, patch: int, stride: int) -> int:
     return (n - patch) // stride + 1
+
+
+def _pair(v, what: str) -> tuple[int, int]:
+    """``16`` -> ``(16, 16)``; ``[64, 4]`` -> ``(64, 4)`` (frequency, time)."""
+    t = (v, v) if isinstance(v, int) else tuple(v) if isinstance(v, (list, tuple)) else None
+    if t is None or len(t) != 2 or not all(isinstance(x, int) and x > 0 for x in t):
+        raise ValueError(f"audio tokenizer {what} must be a positive int or [freq, time] of positive ints; got {v!r}")
+    return t
+
+
+def utterance_norm(fbank: torch.Tensor, frames: torch.Tensor | None = None, per_bin: bool = True, eps: float = 1e-5) -> torch.Tensor:
+    """Per-utterance mean/variance normalisation over each clip's real frames; padded frames stay 0.
+
+    Args:
+        fbank: ``[B, T, F]`` (padded).
+        frames: real frames per clip ``[B]`` (None: all ``T``).
+        per_bin: standardise every mel bin by its own mean/std (CMVN), or the whole clip by one
+            mean/std (level normalisation: the spectral shape is kept, loudness removed).
+
+    Returns:
+        ``[B, T, F]``.
+    """
+    b, t, f = fbank.shape
+    if frames is None:
+        m = torch.ones(b, t, 1, dtype=fbank.dtype, device=fbank.device)
+    else:
+        m = (torch.arange(t, device=fbank.device)[None] < frames.to(fbank.device)[:, None]).to(fbank.dtype)[..., None]
+    dims = (1,) if per_bin else (1, 2)
+    n = (m.sum(1, keepdim=True) * (1 if per_bin else f)).clamp_min(1)
+    mean = (fbank * m).sum(dims, keepdim=True) / n
+    var = (((fbank - mean) * m) ** 2).sum(dims, keepdim=True) / n
+    return (fbank - mean) / (var + eps).sqrt() * m
 
 
 class AudioTokenizer(ModalityTokenizer):
@@ -31,11 +77,18 @@ class AudioTokenizer(ModalityTokenizer):
         dim: token width.
         num_mel_bins: mel bins ``F``.
         max_frames: longest fbank (frames) the position embedding covers (AST: 1024 = 10.24 s).
-        patch_size: square patch (16).
-        stride: patch stride in bins and frames (10; 16 = no overlap).
+        patch_size: patch in bins and frames: one int (square, AST: 16) or ``[freq, time]``
+            (``[num_mel_bins, 4]``: frame-level tokens of 4 frames).
+        stride: patch stride: one int (10; = patch_size: no overlap) or ``[freq, time]``.
         cls_token: prepend a learned cls token.
         sample_rate: the model's sample rate (waveform inputs are resampled to it).
         fbank_mean, fbank_std: fbank normalisation for waveform inputs (AudioSet's by default).
+        normalize: ``None``, ``"utterance"`` (per-utterance, per-mel-bin mean/variance normalisation
+            over the clip's real frames, applied to every input) or ``"level"`` (the clip's single
+            mean/std over all bins: loudness removed, spectral shape kept).
+        stem: ``"patch"`` (a patch projection, AST) or ``"conv"`` (2x conv3x3-stride-2 subsampling;
+            ``patch_size``/``stride`` are then unused).
+        stem_channels: channels of the conv stem.
     """
 
     modality = "audio"
@@ -45,27 +98,48 @@ class AudioTokenizer(ModalityTokenizer):
         dim: int,
         num_mel_bins: int = 128,
         max_frames: int = 1024,
-        patch_size: int = 16,
-        stride: int = 10,
+        patch_size: int | tuple[int, int] | list[int] = 16,
+        stride: int | tuple[int, int] | list[int] = 10,
         cls_token: bool = True,
         sample_rate: int = 16000,
         fbank_mean: float = -4.2677393,
         fbank_std: float = 4.5689974,
+        normalize: str | None = None,
+        stem: str = "patch",
+        stem_channels: int = 64,
         *,
         params_dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ):
         super().__init__(dim)
-        if patch_size < 1 or stride < 1:
-            raise ValueError(f"audio patch_size and stride must be positive; got {patch_size}, {stride}")
-        if num_mel_bins < patch_size or max_frames < patch_size:
-            raise ValueError(f"num_mel_bins ({num_mel_bins}) and max_frames ({max_frames}) must be >= patch_size ({patch_size})")
-        self.num_mel_bins, self.max_frames, self.patch_size, self.stride = num_mel_bins, max_frames, patch_size, stride
-        self.sample_rate, self.fbank_mean, self.fbank_std = sample_rate, fbank_mean, fbank_std
-        self.freq_grid = _grid(num_mel_bins, patch_size, stride)
-        self.max_time_grid = _grid(max_frames, patch_size, stride)
+        (pf, pt), (sf, st) = _pair(patch_size, "patch_size"), _pair(stride, "stride")
+        if num_mel_bins < pf or max_frames < pt:
+            raise ValueError(
+                f"num_mel_bins ({num_mel_bins}) and max_frames ({max_frames}) must be >= the patch's [freq, time] = [{pf}, {pt}]"
+            )
+        if normalize not in (None, "utterance", "level"):
+            raise ValueError(f"audio tokenizer normalize must be None, 'utterance' or 'level'; got {normalize!r}")
+        if stem not in ("patch", "conv"):
+            raise ValueError(f"audio tokenizer stem must be 'patch' or 'conv'; got {stem!r}")
         kw = {"device": device, "dtype": params_dtype}
-        self.proj = nn.Conv2d(1, dim, patch_size, stride, **kw)
+        self.stem_kind = stem
+        if stem == "conv":
+            if num_mel_bins < 7 or max_frames < 7:
+                raise ValueError(f"the conv stem needs num_mel_bins and max_frames >= 7; got {num_mel_bins}, {max_frames}")
+            pf, pt, sf, st = num_mel_bins, 7, num_mel_bins, 4  # one token per 4 frames, receptive field 7 frames
+            f_out = _grid(_grid(num_mel_bins, 3, 2), 3, 2)
+            self.stem = nn.Sequential(
+                nn.Conv2d(1, stem_channels, 3, 2, **kw), nn.GELU(), nn.Conv2d(stem_channels, stem_channels, 3, 2, **kw), nn.GELU()
+            )
+            self.proj = nn.Linear(stem_channels * f_out, dim, **kw)
+            self.freq_grid, self.max_time_grid = 1, _grid(_grid(max_frames, 3, 2), 3, 2)
+        else:
+            self.stem = None
+            self.proj = nn.Conv2d(1, dim, (pf, pt), (sf, st), **kw)
+            self.freq_grid, self.max_time_grid = _grid(num_mel_bins, pf, sf), _grid(max_frames, pt, st)
+        self.num_mel_bins, self.max_frames, self.patch_size, self.stride = num_mel_bins, max_frames, patch_size, stride
+        self.patch_time, self.stride_time, self.normalize = pt, st, normalize
+        self.sample_rate, self.fbank_mean, self.fbank_std = sample_rate, fbank_mean, fbank_std
         self.cls_token = nn.Parameter(torch.empty(1, 1, dim, **kw)) if cls_token else None
         self.num_prefix_tokens = int(cls_token)
         # [1, T'max, F', D] so that time can be sliced
@@ -76,14 +150,21 @@ class AudioTokenizer(ModalityTokenizer):
 
     def reset_parameters(self) -> None:
         self.proj.reset_parameters()
+        if self.stem is not None:
+            for m in self.stem:
+                if isinstance(m, nn.Conv2d):
+                    m.reset_parameters()
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.trunc_normal_(self.cls_token, std=0.02)
             nn.init.trunc_normal_(self.cls_pos, std=0.02)
 
     def num_tokens(self, frames: int) -> int:
-        """Token count of a clip: ``cls + ((F - p) // s + 1) * ((frames - p) // s + 1)``."""
-        return self.num_prefix_tokens + self.freq_grid * _grid(frames, self.patch_size, self.stride)
+        """Token count of a clip: ``cls + ((F - pf) // sf + 1) * ((frames - pt) // st + 1)`` (conv stem:
+        ``cls + ((frames - 3) // 2 - 2) // 2 + 1``)."""
+        if self.stem is not None:
+            return self.num_prefix_tokens + _grid(_grid(frames, 3, 2), 3, 2)
+        return self.num_prefix_tokens + self.freq_grid * _grid(frames, self.patch_time, self.stride_time)
 
     def fbank(self, waveform: torch.Tensor, lengths: torch.Tensor | None = None, sample_rate: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Waveforms ``[B, S]`` -> padded fbank ``[B, T, F]`` and frame counts ``[B]`` (per-sample Kaldi fbank)."""
@@ -126,21 +207,27 @@ class AudioTokenizer(ModalityTokenizer):
                 f"audio tokenizer expects a waveform [B, S] or fbank [B, T, F={self.num_mel_bins}]; got shape {tuple(fbank.shape)}"
             )
         b, t, _ = fbank.shape
-        if t < self.patch_size:
-            raise ValueError(f"audio clip has {t} frames; at least patch_size={self.patch_size} frames expected")
+        if t < self.patch_time:
+            raise ValueError(f"audio clip has {t} frames; at least patch_size={self.patch_size!r} ({self.patch_time} frames) expected")
         if t > self.max_frames:
             raise ValueError(f"audio clip has {t} frames; this tokenizer takes at most max_frames={self.max_frames}")
-        x = self.proj(fbank.transpose(1, 2).unsqueeze(1).to(self.proj.weight.dtype))  # [B, D, F', T']
-        tg = x.shape[-1]
-        x = x.permute(0, 3, 2, 1)  # [B, T', F', D]  time-major
+        if frames is not None and tuple(frames.shape) != (b,):
+            raise ValueError(f"frames must be [B={b}]; got shape {tuple(frames.shape)}")
+        if self.normalize is not None:
+            fbank = utterance_norm(fbank.float(), frames, per_bin=self.normalize == "utterance")
+        img = fbank.transpose(1, 2).unsqueeze(1).to(self.proj.weight.dtype)  # [B, 1, F, T]
+        if self.stem is None:
+            x = self.proj(img).permute(0, 3, 2, 1)  # [B, D, F', T'] -> [B, T', F', D]  time-major
+        else:
+            h = self.stem(img)  # [B, C, F'', T']
+            x = self.proj(h.permute(0, 3, 1, 2).flatten(2))[:, :, None]  # [B, T', 1, D]
+        tg = x.shape[1]
         x = (x + self.pos_embed[:, :tg]).flatten(1, 2)
         mask = None
         if frames is not None:
-            if tuple(frames.shape) != (b,):
-                raise ValueError(f"frames must be [B={b}]; got shape {tuple(frames.shape)}")
-            if bool((frames < self.patch_size).any()):
-                raise ValueError(f"every clip needs >= patch_size={self.patch_size} frames; got frames {frames.tolist()}")
-            real_t = torch.arange(tg, device=x.device)[None] * self.stride + self.patch_size <= frames[:, None].to(x.device)
+            if bool((frames < self.patch_time).any()):
+                raise ValueError(f"every clip needs >= {self.patch_time} frames (patch_size={self.patch_size!r}); got frames {frames.tolist()}")
+            real_t = torch.arange(tg, device=x.device)[None] * self.stride_time + self.patch_time <= frames[:, None].to(x.device)
             mask = real_t[:, :, None].expand(b, tg, self.freq_grid).flatten(1)
         x, mask = prepend_cls(None if self.cls_token is None else self.cls_token + self.cls_pos, x, mask)
         return TokenSeq(x, mask, self.num_prefix_tokens, extras={"grid_size": (tg, self.freq_grid)})

@@ -1,7 +1,12 @@
 """Tabular tokenizer: one token per column (FT-Transformer's feature tokenizer).
 
-* numeric column ``j``: ``x_j * W_j + b_j`` (a learned direction and offset per column); a missing
-  value (NaN) takes the column's learned ``missing`` embedding instead;
+* numeric column ``j``: ``x_j * W_j + b_j`` (``numeric_embedding: linear``, a learned direction and
+  offset per column), or ``numeric_embedding: periodic``: ``ReLU(Linear_j([sin(2 pi c_j x_j),
+  cos(2 pi c_j x_j)]))`` with ``k`` learned frequencies ``c_j`` per column (initialised from
+  ``N(0, frequency_scale^2)``), the PLR embedding of Gorishniy et al. 2022 ("On Embeddings for
+  Numerical Features in Tabular Deep Learning"): a token that can change non-monotonically with the
+  value, which is what lets a transformer match gradient-boosted trees on GBDT-friendly tables. A
+  missing value (NaN) takes the column's learned ``missing`` embedding instead;
 * categorical column ``j``: a row of the column's own embedding table; code ``-1`` (missing or
   unseen) maps to the column's reserved "missing" row 0.
 
@@ -10,6 +15,8 @@ A cls token is prepended. Column counts are fixed by the config; values come fro
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -29,6 +36,9 @@ class TabularTokenizer(ModalityTokenizer):
         num_numeric: numeric columns ``Cn``.
         cardinalities: categories per categorical column (excluding the missing code).
         cls_token: prepend a learned cls token.
+        numeric_embedding: ``"linear"`` or ``"periodic"`` (see the module docstring).
+        num_frequencies: periodic: frequencies ``k`` per column.
+        frequency_scale: periodic: standard deviation of the initial frequencies (on the scaled values).
     """
 
     modality = "tabular"
@@ -39,6 +49,9 @@ class TabularTokenizer(ModalityTokenizer):
         num_numeric: int = 0,
         cardinalities: tuple[int, ...] = (),
         cls_token: bool = True,
+        numeric_embedding: str = "linear",
+        num_frequencies: int = 16,
+        frequency_scale: float = 0.1,
         *,
         params_dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
@@ -49,9 +62,16 @@ class TabularTokenizer(ModalityTokenizer):
             raise ValueError(
                 f"tabular tokenizer needs >= 1 column: num_numeric >= 0 and positive cardinalities; got {num_numeric}, {cardinalities}"
             )
+        if numeric_embedding not in ("linear", "periodic"):
+            raise ValueError(f"tabular tokenizer numeric_embedding must be 'linear' or 'periodic'; got {numeric_embedding!r}")
+        if numeric_embedding == "periodic" and (not isinstance(num_frequencies, int) or num_frequencies < 1 or frequency_scale <= 0):
+            raise ValueError(f"periodic embeddings need num_frequencies >= 1 and frequency_scale > 0; got {num_frequencies!r}, {frequency_scale!r}")
         self.num_numeric, self.cardinalities = num_numeric, cardinalities
-        kw = dict(device=device, dtype=params_dtype)
-        self.num_weight = nn.Parameter(torch.empty(num_numeric, dim, **kw))
+        self.numeric_embedding, self.num_frequencies, self.frequency_scale = numeric_embedding, num_frequencies, frequency_scale
+        kw = {"device": device, "dtype": params_dtype}
+        k = num_frequencies if numeric_embedding == "periodic" else 0
+        self.num_freq = nn.Parameter(torch.empty(num_numeric, k, **kw)) if k else None
+        self.num_weight = nn.Parameter(torch.empty(num_numeric, 2 * k, dim, **kw) if k else torch.empty(num_numeric, dim, **kw))
         self.num_bias = nn.Parameter(torch.empty(num_numeric, dim, **kw))
         self.num_missing = nn.Parameter(torch.empty(num_numeric, dim, **kw))
         offsets = torch.tensor([0, *cardinalities[:-1]], dtype=torch.long).cumsum(0) + torch.arange(len(cardinalities))
@@ -63,8 +83,15 @@ class TabularTokenizer(ModalityTokenizer):
             self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for p in (self.num_weight, self.num_bias, self.num_missing):
-            nn.init.normal_(p, std=self.dim**-0.5)
+        if self.num_freq is not None:  # PLR: frequencies N(0, scale^2); the per-column Linear as nn.Linear inits it
+            nn.init.normal_(self.num_freq, std=self.frequency_scale)
+            bound = (2 * self.num_frequencies) ** -0.5
+            nn.init.uniform_(self.num_weight, -bound, bound)
+            nn.init.uniform_(self.num_bias, -bound, bound)
+            nn.init.normal_(self.num_missing, std=self.dim**-0.5)
+        else:
+            for p in (self.num_weight, self.num_bias, self.num_missing):
+                nn.init.normal_(p, std=self.dim**-0.5)
         if self.cat_embed is not None:
             nn.init.normal_(self.cat_embed.weight, std=self.dim**-0.5)
         if self.cls_token is not None:
@@ -92,7 +119,12 @@ class TabularTokenizer(ModalityTokenizer):
             if bool(torch.isinf(numeric).any()):
                 raise ValueError("numeric tabular values must be finite or NaN (missing); got inf")
             x = numeric.nan_to_num(0.0).to(self.num_weight.dtype)[..., None]
-            tok = x * self.num_weight + self.num_bias
+            if self.num_freq is None:
+                tok = x * self.num_weight + self.num_bias
+            else:
+                angle = 2 * math.pi * x * self.num_freq  # [B, Cn, k]
+                feats = torch.cat([torch.sin(angle), torch.cos(angle)], -1)  # [B, Cn, 2k]
+                tok = torch.relu(torch.einsum("bnk,nkd->bnd", feats, self.num_weight) + self.num_bias)
             parts.append(torch.where(miss[..., None], self.num_missing.expand_as(tok), tok))
         elif numeric is not None and numeric.numel():
             raise ValueError(f"this tabular tokenizer has no numeric columns; got numeric of shape {tuple(numeric.shape)}")

@@ -51,7 +51,7 @@ class RevIN(nn.Module):
     def __init__(self, num_channels: int | None, affine: bool = True, eps: float = 1e-5, *, params_dtype=None, device=None):
         super().__init__()
         self.num_channels, self.eps = num_channels, eps
-        kw = dict(device=device, dtype=params_dtype)
+        kw = {"device": device, "dtype": params_dtype}
         self.affine = bool(affine and num_channels)
         self.weight = nn.Parameter(torch.empty(num_channels, **kw)) if self.affine else None
         self.bias = nn.Parameter(torch.empty(num_channels, **kw)) if self.affine else None
@@ -107,7 +107,7 @@ class TimeSeriesTokenizer(ModalityTokenizer):
             raise ValueError(f"patch_len and stride must be positive; got {patch_len}, {stride}")
         self.patch_len, self.stride, self.max_patches, self.pad_end = patch_len, stride, max_patches, pad_end
         self.num_channels = num_channels
-        kw = dict(device=device, dtype=params_dtype)
+        kw = {"device": device, "dtype": params_dtype}
         self.revin = RevIN(num_channels, revin_affine, params_dtype=params_dtype, device=device) if revin else None
         self.proj = nn.Linear(patch_len, dim, **kw)
         self.pos_embed = nn.Parameter(torch.empty(1, max_patches, dim, **kw))

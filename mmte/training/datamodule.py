@@ -184,11 +184,11 @@ def checkpoint_for_state(ckpt_path: str | None, checkpoint_dir: str | None) -> s
 
 
 # ----------------------------------------------------------------------------------- helpers
-def _preprocess_fn(modality: str, options: Mapping[str, Any] | None, min_frames: int | None = None) -> Callable[[Any], Any]:
+def _preprocess_fn(modality: str, options: Mapping[str, Any] | None, min_frames: int | None = None, augment: Any = None) -> Callable[[Any], Any]:
     spec = get_modality(modality)
     if spec.preprocess is None:
         raise ValueError(f"modality {modality!r} has no preprocessing registered; give ready tensors instead")
-    fn = partial(spec.preprocess, **dict(options or {}))
+    fn = partial(augment.fbank if augment is not None else spec.preprocess, **dict(options or {}))
     if modality != "audio" or not min_frames:
         return _as_array_input(fn)
 
@@ -515,6 +515,7 @@ class FolderDataModule(MMTEDataModule):
         min_frames: audio only: pad fbanks shorter than this (one patch) by repeating the last frame.
         max_frames: audio only: longest clip in frames (10 ms each); longer clips are cropped as crop says, and how many is logged once per split (None: no limit).
         crop: audio only: which max_frames frames of a long clip are kept: ``start``, ``center``, or ``random`` (a random window in training, the centre one in evaluation).
+        augment: audio only: training-split augmentation (mmte.data.augment), e.g. ``{speed: [0.9, 1.1], shift: 0.1, gain_db: 6, noise_snr_db: [10, 40], freq_masks: 2, freq_width: 8, time_masks: 2, time_width: 10}``; None: off.
         **kwargs: :class:`MMTEDataModule` options.
     """
 
@@ -542,10 +543,16 @@ class FolderDataModule(MMTEDataModule):
         min_frames: int | None = 16,
         max_frames: int | None = None,
         crop: str = "start",
+        augment: dict[str, Any] | None = None,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
         from ..data.audio import CROPS
+        from ..data.augment import AudioAugment
+
+        if augment and modality != "audio":
+            raise ValueError(f"augment is for audio; modality is {modality!r}")
+        self.augment, self._augment = augment, AudioAugment.from_config(augment)
 
         if (label_regex is None) == (labels_csv is None):
             raise ValueError(f"give exactly one of label_regex or labels_csv; got label_regex={label_regex!r}, labels_csv={labels_csv!r}")
@@ -777,7 +784,10 @@ class FolderDataModule(MMTEDataModule):
 
         ds = datasets.Dataset.from_dict({**cols, "index": list(range(len(paths)))}) if paths else datasets.Dataset.from_dict({"path": [], "name": [], "index": []})
         self.collates = {self.modality: get_modality(self.modality).collate_fn}
-        if len(ds):
+        if len(ds) and split == "train" and self._augment is not None:  # a fresh draw per item and epoch: never cached
+            fn = _preprocess_fn(self.modality, self._effective_preprocess, self.min_frames, self._augment)
+            ds = mds.lazy_preprocess(ds, {self.modality: ("path", fn)}, keep)
+        elif len(ds):
             ds = self._prepare(ds, {self.modality: ("path", self._fn)}, (self.modality, self._effective_preprocess, self.min_frames), keep)
         self.datasets[split] = ds
         self.names[split] = list(names)
@@ -858,6 +868,7 @@ class TableDataModule(MMTEDataModule):
         bad_value: a value that is not a finite number in a numeric column: ``error`` (naming file, row and column) or ``missing``.
         missing_label: an empty or NaN label: ``error`` (naming file and row) or ``drop`` (skip the row, counted in a warning).
         missing_values: cell texts that mean missing, besides empty cells.
+        batch_size: training rows per batch, or ``auto``: the power of two nearest to (training rows / 200), within [16, 1024] (about 200 steps an epoch; 256 for 40k rows), so the recipe needs no per-table tuning.
         **kwargs: :class:`MMTEDataModule` options.
     """
 
@@ -881,9 +892,13 @@ class TableDataModule(MMTEDataModule):
         bad_value: str = "error",
         missing_label: str = "error",
         missing_values: list[str] | None = None,
+        batch_size: int | str = 64,
         **kwargs: Any,
     ):
-        super().__init__(**kwargs)
+        auto_batch = batch_size == "auto"
+        if isinstance(batch_size, str) and not auto_batch:
+            raise ValueError(f"batch_size must be a positive int or 'auto'; got {batch_size!r}")
+        super().__init__(batch_size=64 if auto_batch else batch_size, **kwargs)
         from ..data.tabular import DEFAULT_MISSING, TableSchema
 
         if task not in ("classification", "regression"):
@@ -907,6 +922,19 @@ class TableDataModule(MMTEDataModule):
             if self.sources[s] is not None and self.state_from is None:
                 self._check_columns(self._frame(s), s)
         self._init_state()
+        if auto_batch:
+            self._auto_batch_size(kwargs.get("eval_batch_size") is None)
+
+    def _auto_batch_size(self, set_eval: bool) -> None:
+        """``batch_size: auto``: a power of two near training rows / 200, within [16, 1024]."""
+        if self.state_from is not None:  # evaluating a checkpoint: no training, evaluation batches only
+            n, self.batch_size = None, 256
+        else:
+            n = len(self._assignment()["train"]) if self.sources["train"] is not None else 0
+            self.batch_size = int(min(1024, max(16, 2 ** round(math.log2(max(n, 1) / 200)))))
+            logger.info("batch_size auto: %d for %d training rows (%d steps an epoch)", self.batch_size, n, math.ceil(n / self.batch_size))
+        if set_eval:
+            self.eval_batch_size = max(self.batch_size, 512)
 
     # ------------------------------------------------------------------------------- reading
     def _frame(self, split: str):

