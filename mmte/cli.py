@@ -278,6 +278,7 @@ def _cli_class():
             from .training.threads import set_threads
 
             c = self._section()
+            _resolve_model_entries(c.model)
             set_threads(c.get("threads"), c.trainer.devices, c.trainer.accelerator)
             root = c.trainer.default_root_dir or os.path.join("runs", "mmte")
             c.trainer.default_root_dir = root
@@ -348,6 +349,31 @@ def __getattr__(name: str):
     if name == "MMTECLI":
         return _cli_class()
     raise AttributeError(name)
+
+
+def _resolve_model_entries(model: Any) -> None:
+    """Tokenizer and head entries given by ``class_path`` (jsonargparse parses them into Namespaces) become
+    plain dicts again, and every class path or registry name among them is resolved now: importing a user's
+    module (on PYTHONPATH) registers its modalities and heads before the data module looks them up."""
+    from .heads import get_head
+    from .registry import entry_from_class_path
+    from .tokenizers.registry import get_modality
+
+    if model is None or not hasattr(model, "get"):
+        return
+    for section, resolve in (("tokenizers", get_modality), ("heads", get_head)):
+        entries = model.get(section)
+        if not entries:
+            continue
+        plain = {k: _plain(v) for k, v in _plain(entries).items()}
+        for key, entry in plain.items():
+            init = entry.get("init_args") if isinstance(entry, dict) else None
+            if isinstance(init, dict) and "dim" in init and init["dim"] is None:
+                del init["dim"]  # jsonargparse lists the constructor's width; the backbone sets it
+            name = entry if isinstance(entry, str) else entry_from_class_path(entry).get("name") if isinstance(entry, Mapping) else None
+            if isinstance(name, str) and ("." in name or ":" in name):
+                resolve(name)
+        model[section] = plain
 
 
 def _resolve_precision(c: Any) -> None:

@@ -95,6 +95,7 @@ from torch import nn
 from . import heads as heads_mod
 from .encoders import Backbone, BackboneConfig, Encoder, load_state_dict_file, meta_transformer_to_mmte
 from .heads import Head
+from .registry import entry_from_class_path
 from .tokenizers.base import TokenSeq
 from .tokenizers.registry import get_modality
 
@@ -304,10 +305,10 @@ class MetaTransformer(nn.Module):
             tok = get_modality(spec).create(dim)
             self.modality_names[key] = spec
         elif isinstance(spec, Mapping):
-            cfg = dict(spec)
-            name = cfg.pop("name", key)
-            tok = get_modality(name).create(dim, **cfg)
-            self.modality_names[key] = name
+            cfg = dict(entry_from_class_path(spec))  # {class_path, init_args} -> {name: class path, **init_args}
+            modality = get_modality(cfg.pop("name", key))
+            tok = modality.create(dim, **cfg)
+            self.modality_names[key] = modality.name
         else:
             raise TypeError(f"tokenizer for {key!r} must be a registry name, a config dict or an nn.Module; got {type(spec).__name__}")
         if getattr(tok, "dim", dim) != dim:
@@ -320,7 +321,7 @@ class MetaTransformer(nn.Module):
         if isinstance(spec, nn.Module):
             head, inputs, target, weight = spec, getattr(spec, "inputs", None) or None, getattr(spec, "target", "label"), 1.0
         elif isinstance(spec, Mapping):
-            cfg = dict(spec)
+            cfg = dict(entry_from_class_path(spec))
             if "name" not in cfg:
                 ins = _as_list(cfg.get("inputs")) or list(self.tokenizers)
                 reg = self.modality_names.get(ins[0]) if len(ins) == 1 else None

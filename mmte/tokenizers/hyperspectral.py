@@ -17,12 +17,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..data.hyperspectral import collate_cubes, example_cube, extract_patch
 from .base import ModalityTokenizer, TokenSeq, prepend_cls
 from .registry import register_modality
 
 __all__ = ["HyperspectralTokenizer"]
 
 
+@register_modality(
+    "hyperspectral",
+    preprocess=extract_patch,
+    collate=collate_cubes,
+    default_head={"name": "classification", "pool": "mean"},
+    example=example_cube,
+    example_config={"patch_size": 5, "group_size": 4, "group_stride": 2, "max_bands": 64},
+    variable_length=True,
+    description="cubes {cube [B, bands, p, p], num_bands [B]}: SpectralFormer band-group tokens, any band count",
+)
 class HyperspectralTokenizer(ModalityTokenizer):
     """Cubes ``[B, bands, p, p]`` -> ``[cls] + ceil(max(bands - g, 0) / s) + 1`` band-group tokens.
 
@@ -108,22 +119,3 @@ class HyperspectralTokenizer(ModalityTokenizer):
             mask = torch.arange(g, device=x.device)[None] < real_groups[:, None]
         tokens, mask = prepend_cls(self.cls_token, tokens, mask)
         return TokenSeq(tokens, mask, self.num_prefix_tokens)
-
-
-def _register() -> None:
-    from ..data.hyperspectral import collate_cubes, example_cube, extract_patch
-
-    register_modality(
-        "hyperspectral",
-        tokenizer=HyperspectralTokenizer,
-        preprocess=extract_patch,
-        collate=collate_cubes,
-        default_head={"name": "classification", "pool": "mean"},
-        example=example_cube,
-        example_config={"patch_size": 5, "group_size": 4, "group_stride": 2, "max_bands": 64},
-        variable_length=True,
-        description="cubes {cube [B, bands, p, p], num_bands [B]}: SpectralFormer band-group tokens, any band count",
-    )
-
-
-_register()

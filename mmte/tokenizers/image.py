@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..data.image import collate_images, example_image, preprocess_image
 from .base import ModalityTokenizer, TokenSeq
+from .registry import register_modality
 
 __all__ = ["ImageTokenizer", "patch_grid", "resample_pos_embed"]
 
@@ -48,6 +50,15 @@ def resample_pos_embed(
     return torch.cat([prefix, grid], 1)
 
 
+@register_modality(
+    "image",
+    preprocess=preprocess_image,
+    collate=collate_images,
+    default_head={"name": "classification", "pool": "cls"},
+    example=example_image,
+    example_config={"img_size": 32, "patch_size": 16},
+    description="RGB images [B, 3, H, W]: ViT patch embedding, cls token, resampled position embedding",
+)
 class ImageTokenizer(ModalityTokenizer):
     """Images ``[B, C, H, W]`` -> patch tokens.
 
@@ -151,22 +162,3 @@ def adapt_input_channels(weight: torch.Tensor, in_chans: int) -> torch.Tensor:
         return weight.sum(1, keepdim=True)
     reps = -(-in_chans // c)
     return weight.repeat(1, reps, *([1] * (weight.dim() - 2)))[:, :in_chans] * (c / in_chans)
-
-
-def _register() -> None:
-    from ..data.image import collate_images, example_image, preprocess_image
-    from .registry import register_modality
-
-    register_modality(
-        "image",
-        tokenizer=ImageTokenizer,
-        preprocess=preprocess_image,
-        collate=collate_images,
-        default_head={"name": "classification", "pool": "cls"},
-        example=example_image,
-        example_config={"img_size": 32, "patch_size": 16},
-        description="RGB images [B, 3, H, W]: ViT patch embedding, cls token, resampled position embedding",
-    )
-
-
-_register()

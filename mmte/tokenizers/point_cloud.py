@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..data.point_cloud import collate_points, example_points, preprocess_points
 from .base import ModalityTokenizer, TokenSeq
 from .registry import register_modality
 
@@ -75,6 +76,16 @@ def gather_points(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return out.reshape(*idx.shape, x.shape[-1])
 
 
+@register_modality(
+    "point_cloud",
+    preprocess=preprocess_points,
+    collate=collate_points,
+    default_head={"name": "classification", "pool": "max"},
+    example=example_points,
+    example_config={"num_groups": 16, "group_size": 16, "hidden": (32, 64)},
+    variable_length=True,
+    description="points {points [B, P, 3+F], num_points [B]}: FPS + kNN groups, shared mini-PointNet, MLP centre positions",
+)
 class PointCloudTokenizer(ModalityTokenizer):
     """Points ``[B, P, 3 + F]`` -> ``[cls] + num_groups`` group tokens.
 
@@ -159,22 +170,3 @@ class PointCloudTokenizer(ModalityTokenizer):
         if self.cls_token is not None:
             x = torch.cat([(self.cls_token + self.cls_pos).expand(b, -1, -1), x], 1)
         return TokenSeq(x, None, self.num_prefix_tokens, positions=centres)
-
-
-def _register() -> None:
-    from ..data.point_cloud import collate_points, example_points, preprocess_points
-
-    register_modality(
-        "point_cloud",
-        tokenizer=PointCloudTokenizer,
-        preprocess=preprocess_points,
-        collate=collate_points,
-        default_head={"name": "classification", "pool": "max"},
-        example=example_points,
-        example_config={"num_groups": 16, "group_size": 16, "hidden": (32, 64)},
-        variable_length=True,
-        description="points {points [B, P, 3+F], num_points [B]}: FPS + kNN groups, shared mini-PointNet, MLP centre positions",
-    )
-
-
-_register()

@@ -73,7 +73,7 @@ class UnknownModalityError(UnknownNameError):
     """An unknown modality name (a ``ValueError`` and, for dict-like callers, a ``KeyError``), listing the
     registered modalities and the closest one."""
 
-    def __init__(self, name: object, known, fix: str = "see mmte modalities"):
+    def __init__(self, name: object, known, fix: str = "see mmte list modalities (to add one: docs/extending.md)"):
         super().__init__("modality", name, known, fix)
 
     def __reduce__(self):
@@ -244,7 +244,9 @@ class _ModalityRegistry(Registry[ModalitySpec]):
 
     _builtins_loaded = False
 
-    def _before_register(self) -> None:
+    def _before_register(self, obj: Any) -> None:
+        if getattr(getattr(obj, "tokenizer", None), "__module__", None) in _BUILTIN_MODULES:
+            return  # a built-in module's own decorator, while that module is being imported
         self._load_builtins()  # a user registration can never come first and hide a built-in
 
     def _load_builtins(self) -> None:
@@ -264,14 +266,15 @@ class _ModalityRegistry(Registry[ModalitySpec]):
                 self.register(obj.name, obj)
             return None
         if isinstance(obj, type) and issubclass(obj, nn.Module):
-            return None if any(s.tokenizer is obj for s in self._items.values()) else ModalitySpec(name, obj)
+            return None if any(s.tokenizer is obj for s in self._items.values()) else ModalitySpec(name, obj, description=_first_line(obj))
         return None
 
     def get(self, name: str) -> ModalitySpec:
         self._load_entry_points()
-        if name not in self._items:
+        key = self.resolve_path(name)
+        if key is None:
             raise UnknownModalityError(name, self._items)
-        return self._items[name]
+        return self._items[key]
 
 
 MODALITIES = _ModalityRegistry("modality", "mmte.modalities")
@@ -316,7 +319,7 @@ def register_modality(
             example,
             dict(example_config or {}),
             variable_length,
-            description or (inspect.getdoc(cls) or "").split("\n")[0],
+            description or _first_line(cls),
         )
         old = MODALITIES._items.get(key)
         same = old is not None and (old.tokenizer.__module__, old.tokenizer.__qualname__) == (cls.__module__, cls.__qualname__)
@@ -331,6 +334,10 @@ def register_modality(
         return cls
 
     return deco
+
+
+def _first_line(obj: Any) -> str:
+    return (inspect.getdoc(obj) or "").split("\n")[0]
 
 
 def list_modalities(pattern: str = "*") -> list[str]:

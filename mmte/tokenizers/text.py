@@ -9,11 +9,23 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..data.text import TextVocab, collate_text, example_text
 from .base import ModalityTokenizer, TokenSeq
+from .registry import register_modality
 
 __all__ = ["TextTokenizer"]
 
 
+@register_modality(
+    "text",
+    preprocess=TextVocab,
+    collate=collate_text,
+    default_head={"name": "classification", "pool": "mean"},
+    example=example_text,
+    example_config={"vocab_size": 1000, "max_position_embeddings": 64},
+    variable_length=True,
+    description="token ids {input_ids, attention_mask} [B, N] from a Hugging Face vocabulary: word + position embeddings",
+)
 class TextTokenizer(ModalityTokenizer):
     """Token ids ``[B, N]`` -> embeddings ``[B, N, D]`` with the padding mask.
 
@@ -91,23 +103,3 @@ class TextTokenizer(ModalityTokenizer):
                 raise ValueError(f"attention_mask must have shape {(b, n)}; got {tuple(attention_mask.shape)}")
             mask = attention_mask.bool()
         return TokenSeq(x, mask, 0)
-
-
-def _register() -> None:
-    from ..data.text import TextVocab, collate_text, example_text
-    from .registry import register_modality
-
-    register_modality(
-        "text",
-        tokenizer=TextTokenizer,
-        preprocess=TextVocab,
-        collate=collate_text,
-        default_head={"name": "classification", "pool": "mean"},
-        example=example_text,
-        example_config={"vocab_size": 1000, "max_position_embeddings": 64},
-        variable_length=True,
-        description="token ids {input_ids, attention_mask} [B, N] from a Hugging Face vocabulary: word + position embeddings",
-    )
-
-
-_register()

@@ -58,6 +58,7 @@ from ..encoders import Backbone, BackboneConfig, get_preset
 # backbone sources live in mmte.encoders.sources; re-exported here so existing imports keep working
 from ..encoders.sources import BACKBONE_SOURCES, _load_hf_backbone, resolve_backbone_source, source_config, source_name  # noqa: F401
 from ..model import MetaTransformer, load_backbone_state
+from ..registry import entry_from_class_path
 from .portable import FLAT, optim_from_flat
 
 logger = logging.getLogger(__name__)
@@ -140,8 +141,8 @@ def apply_data_info(tokenizers: Mapping[str, Any], heads: Mapping[str, Any], inf
         ValueError: an explicit value differs from the data's.
     """
     info = dict(info or {})
-    toks = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in tokenizers.items()}
-    hds = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in (heads or {}).items()}
+    toks = {k: (dict(entry_from_class_path(v)) if isinstance(v, Mapping) else v) for k, v in tokenizers.items()}
+    hds = {k: (dict(entry_from_class_path(v)) if isinstance(v, Mapping) else v) for k, v in (heads or {}).items()}
 
     def fill(d: dict, key: str, value: Any, where: str) -> None:
         if value is None:
@@ -162,7 +163,7 @@ def apply_data_info(tokenizers: Mapping[str, Any], heads: Mapping[str, Any], inf
     for name, h in hds.items():
         if not isinstance(h, dict):
             continue
-        kind = h.get("name")
+        kind = head_task(h)
         if kind == "classification":
             fill(h, "num_classes", info.get("num_classes"), f"model.heads.{name}")
         elif kind == "regression":
@@ -176,6 +177,16 @@ def apply_data_info(tokenizers: Mapping[str, Any], heads: Mapping[str, Any], inf
                 else:
                     h.pop("num_patches", None)
     return toks, hds
+
+
+def head_task(cfg: Mapping[str, Any]) -> str | None:
+    """The built-in task (``classification``, ``regression``...) of a head config's class: a registered
+    subclass of a built-in head (``examples/ecg.py``'s ``attention_pool``) gets its parent's metrics and
+    data-filled options. None without a ``name`` (a modality's default head)."""
+    from ..heads import get_head
+
+    name = cfg.get("name")
+    return None if not isinstance(name, str) else getattr(get_head(name), "task", None)
 
 
 def _num_patches(toks: Mapping[str, Any], head: Mapping[str, Any], length: int) -> int:
@@ -324,7 +335,7 @@ class MMTEModule(LightningModule):
         self.metrics = nn.ModuleDict(  # keys "train_", "val_", "test_" ("train" is a Module method)
             {
                 f"{stage}_": nn.ModuleDict(
-                    {f"{h}__{m}": metric for h, cfg in self.head_cfg.items() for m, metric in _head_metrics(cfg.get("name", ""), cfg).items()}
+                    {f"{h}__{m}": metric for h, cfg in self.head_cfg.items() for m, metric in _head_metrics(head_task(cfg) or "", cfg).items()}
                 )
                 for stage in ("train", "val", "test")
             }
@@ -654,8 +665,8 @@ class MMTEModule(LightningModule):
         if "index" in batch:
             res["index"] = batch["index"]
         for h, o in out.items():
-            kind = self.head_cfg[h].get("name")
             head = self.model.heads[h]
+            kind = getattr(head, "task", None)
             if kind == "classification":
                 prob = o.float().softmax(-1)
                 res[h] = {"pred": prob.argmax(-1), "prob": prob}
