@@ -1,4 +1,4 @@
-"""ECG rhythm classification: a new modality (file reader, preprocessing, tokenizer) and a new head.
+"""ECG beat-shape classification: a new modality (file reader, preprocessing, tokenizer) and a new head.
 
 Importing this module registers the modality ``ecg`` and the head ``attention_pool``; see docs/extending.md.
 """

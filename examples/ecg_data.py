@@ -1,7 +1,7 @@
-"""Write a small synthetic ECG data set for examples/ecg.py: ``<folder>/<rhythm>_<i>.npy`` files.
+"""Write a small synthetic ECG data set for examples/ecg.py: ``<folder>/<class>_<i>.npy`` files.
 
-Two rhythms at 250 Hz, 4 s each: ``regular`` (sinus rhythm, 60-100 beats/min, a little jitter) and
-``irregular`` (the beat intervals vary by up to 40 %, as in atrial fibrillation). Each beat is a
+Two classes at 250 Hz, 4 s each, 50-110 beats/min with a little jitter: ``normal`` beats (a narrow
+QRS complex, about 80 ms) and ``wide`` ones (about 160 ms, as in a bundle branch block). Each beat is a
 Gaussian QRS spike with a smaller T wave; baseline wander and noise are added.
 
     python examples/ecg_data.py runs/ecg_data --per_class 40
@@ -17,28 +17,28 @@ import numpy as np
 RATE, SECONDS = 250, 4
 
 
-def synth_ecg(irregular: bool, rng: np.random.Generator) -> np.ndarray:
+def synth_ecg(wide: bool, rng: np.random.Generator) -> np.ndarray:
     """One lead, ``RATE * SECONDS`` float32 samples."""
     t = np.arange(RATE * SECONDS) / RATE
-    rr = 60.0 / rng.uniform(60, 100)
+    rr, qrs = 60.0 / rng.uniform(50, 110), (0.04 if wide else 0.02) * rng.uniform(0.9, 1.1)
     beats, b = [], rng.uniform(0, rr)
     while b < SECONDS:
         beats.append(b)
-        b += rr * (rng.uniform(0.6, 1.4) if irregular else rng.uniform(0.97, 1.03))
-    x = sum(np.exp(-(((t - b) / 0.012) ** 2)) + 0.3 * np.exp(-(((t - b - 0.25) / 0.05) ** 2)) for b in beats)
+        b += rr * rng.uniform(0.95, 1.05)
+    x = sum(np.exp(-(((t - b) / qrs) ** 2)) + 0.3 * np.exp(-(((t - b - 0.3) / 0.06) ** 2)) for b in beats)
     x = x + 0.1 * np.sin(2 * np.pi * rng.uniform(0.1, 0.5) * t) + 0.05 * rng.standard_normal(t.size)
     return x.astype(np.float32)
 
 
 def write_folder(folder: str, per_class: int = 40, seed: int = 0) -> list[str]:
-    """Write ``per_class`` files of each rhythm into ``folder``; returns their paths."""
+    """Write ``per_class`` files of each class into ``folder``; returns their paths."""
     rng = np.random.default_rng(seed)
     os.makedirs(folder, exist_ok=True)
     paths = []
     for i in range(per_class):
-        for label in ("regular", "irregular"):
+        for label in ("normal", "wide"):
             paths.append(os.path.join(folder, f"{label}_{i:03d}.npy"))
-            np.save(paths[-1], synth_ecg(label == "irregular", rng))
+            np.save(paths[-1], synth_ecg(label == "wide", rng))
     return paths
 
 

@@ -8,7 +8,8 @@
     mmte predict  --config recipes/quickstart.yaml --ckpt_path best [--prediction_writer.output preds.json]
     mmte fit      --config recipes/quickstart.yaml --ckpt_path last          # resume
     mmte fit      --config recipes/quickstart.yaml --print_config            # the merged configuration
-    mmte modalities                                                          # registered modalities
+    mmte list [modalities|heads|presets|sources|strategies|recipes|fragments]  # names, one line each
+    mmte modalities                                                          # registered modalities (table)
     mmte convert  --from hf /path/to/bert --out bert.safetensors             # weights -> mmte file
     mmte export   --config recipes/quickstart.yaml --ckpt_path last.ckpt --format onnx --out model.onnx
     mmte env                                                                 # versions, device, CPU flags
@@ -59,7 +60,7 @@ __all__ = [  # noqa: F822 (MMTECLI: lazy)
 
 logger = logging.getLogger("mmte")
 
-_OVERVIEW = """usage: mmte {fit,validate,test,predict,modalities,convert,export,env} ... | mmte --version
+_OVERVIEW = """usage: mmte {fit,validate,test,predict,list,modalities,convert,export,env} ... | mmte --version
 
 Fine-tune Meta-Transformer-style multimodal models from recipe files.
 
@@ -70,7 +71,9 @@ commands:
   validate     evaluate a checkpoint on the validation split (--ckpt_path best | last | <file>)
   test         evaluate a checkpoint on the test split (--ckpt_path)
   predict      write predictions of a checkpoint to CSV/JSON (--ckpt_path, --prediction_writer.output)
-  modalities   list the registered modalities, their tokenizers and default heads
+  list         what mmte knows by name, one line each: mmte list [modalities|heads|presets|sources|
+               strategies|recipes|fragments]
+  modalities   the registered modalities as a table (tokenizer, default head, input)
   convert      turn timm / Hugging Face / Meta-Transformer weights into an mmte .safetensors file
   export       write a checkpoint's model as ONNX or a torch.export program, checked against eager
   env          versions (mmte, torch, lightning, timm, onnxruntime), device, CPU flags, threads
@@ -510,6 +513,8 @@ def _check_strategy(strategy: Any) -> None:
         return
     from lightning.pytorch.strategies import StrategyRegistry
 
+    from .training import strategy as _registers_mmte_strategies  # noqa: F401 - mmte, mmte_tp2, ... are registered on import
+
     known = ["auto", *StrategyRegistry.available_strategies()]
     if strategy not in known:
         raise UnknownNameError("strategy", strategy, known, "or stack a configs/parallel/*.yaml fragment (e.g. ddp.yaml, tp2.yaml)")
@@ -698,6 +703,118 @@ def modalities_table() -> str:
     return "\n".join(lines)
 
 
+#: ``mmte list`` sections, in the order ``mmte list`` prints them
+LIST_SECTIONS = ("modalities", "heads", "presets", "sources", "strategies", "recipes", "fragments")
+
+
+def _first_sentence(text: str, limit: int = 120) -> str:
+    """The first sentence of a docstring or YAML header (one line, at most ``limit`` characters)."""
+    one = " ".join(text.split())
+    m = re.search(r"(?<!e\.g)(?<!i\.e)\.\s", one)
+    one = one[: m.start()] if m else one.rstrip(".")
+    return one if len(one) <= limit else one[: limit - 3].rstrip() + "..."
+
+
+def _yaml_header(path: str) -> str:
+    """A YAML file's leading comment paragraph (its description)."""
+    lines = []
+    with open(path, encoding="utf-8") as fh:
+        for ln in fh:
+            if not ln.startswith("#"):
+                break
+            text = ln[1:].strip()
+            if not text:
+                if lines:
+                    break
+                continue
+            lines.append(text)
+    return " ".join(lines)
+
+
+def _doc(obj: Any) -> str:
+    import inspect
+
+    return inspect.getdoc(obj) or ""
+
+
+def _project_dir(name: str) -> str | None:
+    """``recipes`` / ``configs``: the folder under the current directory, else the one beside the mmte package
+    (an editable install of the repository)."""
+    here = os.path.join(os.getcwd(), name)
+    if os.path.isdir(here):
+        return here
+    beside = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), name)
+    return beside if os.path.isdir(beside) else None
+
+
+def _rel(path: str) -> str:
+    r = os.path.relpath(path)
+    return path if r.startswith("..") else r
+
+
+def list_entries(section: str) -> list[tuple[str, str]]:
+    """``(name, one-line description)`` rows of an ``mmte list`` section (see :data:`LIST_SECTIONS`)."""
+    if section == "modalities":
+        from .tokenizers.registry import MODALITIES
+
+        return [(n, f"{s.tokenizer.__name__}, default head {s.default_head.get('name')}: {s.description or _first_sentence(_doc(s.tokenizer))}")
+                for n, s in MODALITIES.items()]
+    if section == "heads":
+        from .heads import HEADS
+
+        return [(n, f"{c.__name__} ({getattr(c, 'task', None) or 'no task'}): {_first_sentence(_doc(c))}") for n, c in HEADS.items()]
+    if section == "presets":
+        from .encoders.presets import PRESETS
+
+        return [(n, f"{c.num_layers} layers x {c.hidden_size}, {c.num_attention_heads} attention heads, MLP {c.ffn_hidden_size}")
+                for n, c in sorted(PRESETS.items())]
+    if section == "sources":
+        from .encoders.sources import BACKBONE_SOURCES
+
+        rows = [(n, desc) for n, (desc, _) in sorted(BACKBONE_SOURCES.items())]
+        return rows + [("timm:<name>", "a timm ViT from the Hugging Face cache, e.g. timm:vit_base_patch16_clip_224.openai"),
+                       ("hf:<org>/<name>", "a Hugging Face BERT / ViT / CLIP vision model from the cache, or hf:<local folder>"),
+                       ("open_clip:<arch>/<tag>", "an OpenCLIP vision tower (pip install 'mmte[open_clip]')"),
+                       ("<file>.safetensors", "an mmte convert output (it carries the backbone's shape)"),
+                       ("<file>.pth", "the Meta-Transformer release's encoder weights")]
+    if section == "strategies":
+        from lightning.pytorch.strategies import StrategyRegistry
+
+        from .training.strategy import PRESETS
+
+        rows = [(n, "mmte DP x TP x PP: " + (", ".join(f"{k}={v}" for k, v in kw.items()) or "FSDP2 over all ranks"))
+                for n, kw in PRESETS.items()]
+        return rows + [(n, f"Lightning: {StrategyRegistry[n].get('description', '')}") for n in StrategyRegistry.available_strategies()
+                       if n not in PRESETS]
+    if section in ("recipes", "fragments"):
+        root = _project_dir("recipes" if section == "recipes" else "configs")
+        if root is None:
+            return []
+        files = sorted(glob.glob(os.path.join(root, "*.yaml"))) if section == "recipes" else sorted(glob.glob(os.path.join(root, "*", "*.yaml")))
+        return [(_rel(f), _first_sentence(_yaml_header(f))) for f in files]
+    raise UnknownNameError("mmte list section", section, LIST_SECTIONS, "see mmte list --help")
+
+
+def list_main(argv: list[str]) -> int:
+    """``mmte list [section ...]``: registered and shipped names, one line each."""
+    p = argparse.ArgumentParser(prog="mmte list", description="List what mmte can use by name, one line each: "
+                                + ", ".join(LIST_SECTIONS) + " (default: all of them).")
+    p.add_argument("sections", nargs="*", metavar="section", help="one or more of: " + ", ".join(LIST_SECTIONS))
+    a = p.parse_args(argv)
+    for s in a.sections:
+        if s not in LIST_SECTIONS:
+            raise UnknownNameError("mmte list section", s, LIST_SECTIONS, "see mmte list --help")
+    sections = a.sections or list(LIST_SECTIONS)
+    for i, s in enumerate(sections):
+        rows = list_entries(s)
+        if len(sections) > 1:
+            print(("\n" if i else "") + f"{s}:")
+        w = max((len(n) for n, _ in rows), default=0)
+        indent = "  " if len(sections) > 1 else ""
+        print("\n".join(f"{indent}{n.ljust(w)}  {d}" for n, d in rows))
+    return 0
+
+
 def modalities_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="mmte modalities", description="List the registered modalities (built-ins and mmte.modalities plug-ins).")
     p.parse_args(argv)
@@ -840,7 +957,7 @@ def export_main(argv: list[str]) -> int:
 
 
 #: extra (non-Lightning) subcommands: name -> main(argv) -> exit status
-COMMANDS = {"modalities": modalities_main, "convert": convert_main, "env": env_main, "export": export_main}
+COMMANDS = {"list": list_main, "modalities": modalities_main, "convert": convert_main, "env": env_main, "export": export_main}
 
 
 # ------------------------------------------------------------------------------------------ main
@@ -903,6 +1020,9 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as e:
         print(f"mmte: {e}", file=sys.stderr, flush=True)
         return e.code
+    except BrokenPipeError:  # `mmte list | head`: the reader left; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except SystemExit as e:  # --help, --print_config, argparse in modalities/convert
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     except BaseException as e:
