@@ -176,6 +176,15 @@ def _cli_class():
 
         def __init__(self, args: Any = None, run: bool = True, **kwargs: Any):
             self._argv = [str(a) for a in (sys.argv[1:] if args is None else args)] if not isinstance(args, dict) else []
+            # --print_config is answered after mmte's defaults are filled in (before_instantiate_classes), so it
+            # shows the logger, callbacks, checkpoint folder and precision a run really uses
+            self._print_config = any(a == "--print_config" or a.startswith("--print_config=") for a in self._argv)
+            if self._print_config:
+                self._argv = [a for a in self._argv if not (a == "--print_config" or a.startswith("--print_config="))]
+                if args is None:
+                    sys.argv = [sys.argv[0], *self._argv]
+                else:
+                    args = self._argv
             self._ckpt: dict[str, Any] | None = None  # the --ckpt_path checkpoint, loaded once (mmap)
             kwargs.setdefault("save_config_kwargs", {"overwrite": True})
             kwargs.setdefault("seed_everything_default", 0)
@@ -304,8 +313,24 @@ def _cli_class():
             if ckpt and init is not None and "state_from" in init and init.state_from is None:
                 init.state_from = ckpt
             _resolve_precision(c)
+            if self._print_config:
+                self._print_effective_config(c)
             if self.subcommand in ("validate", "test", "predict") and not c.get("ckpt_path"):
                 _warn_untrained(self.subcommand, c.model)
+
+        def _print_effective_config(self, c) -> None:
+            """Print the merged configuration with what mmte adds (logger, callbacks, checkpoint folder, precision)
+            and stop, as ``--print_config`` does."""
+            from jsonargparse import Namespace
+
+            added = [cb for cb in self.trainer_defaults.get("callbacks", [])]
+            shown = [Namespace(class_path=f"{type(cb).__module__}.{type(cb).__qualname__}", init_args=Namespace(_init_args(cb)))
+                     for cb in added]
+            user = c.trainer.get("callbacks") or []
+            c.trainer.callbacks = shown + (list(user) if isinstance(user, list) else [user])
+            parser = self.parser._subcommands_action._name_parser_map[self.subcommand] if self.subcommand else self.parser
+            print(parser.dump(c, skip_none=False, skip_check=True), end="")
+            raise SystemExit(0)
 
         def _run_subcommand(self, subcommand: str) -> None:
             if self._ckpt is not None:
@@ -352,6 +377,23 @@ def __getattr__(name: str):
     if name == "MMTECLI":
         return _cli_class()
     raise AttributeError(name)
+
+
+def _init_args(obj: Any) -> dict[str, Any]:
+    """The constructor arguments of a callback that differ from their defaults (for ``--print_config``)."""
+    import inspect
+
+    out = {}
+    for name, p in inspect.signature(type(obj).__init__).parameters.items():
+        if name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        for attr in (name, f"_{name}"):
+            if hasattr(obj, attr):
+                v = getattr(obj, attr)
+                if isinstance(v, (int, float, str, bool, type(None))) and v != p.default:
+                    out[name] = v
+                break
+    return out
 
 
 def _resolve_model_entries(model: Any) -> None:
@@ -468,7 +510,10 @@ def _check_checkpoint_fits(module: Any, ckpt: dict[str, Any], path: str) -> None
     sd = ckpt.get("state_dict") or {}
     if not sd or not hasattr(module, "_build"):
         return
-    meta = module._build(device="meta", with_weights=False)
+    from .training.module import quiet_model_logs
+
+    with quiet_model_logs():
+        meta = module._build(device="meta", with_weights=False)
     own = {f"model.{k}": tuple(v.shape) for k, v in meta.state_dict().items()}
     bad = [(k, tuple(v.shape), own[k]) for k, v in sd.items() if k in own and hasattr(v, "shape") and tuple(v.shape) != own[k]]
     if bad:
@@ -983,7 +1028,47 @@ def _setup_logging() -> None:
         mlog.setLevel(logging.INFO)
         mlog.propagate = False
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)  # "Seed set to 0" on every command
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")  # torch<->lightning noise
+    _quiet_library_noise()
+
+
+#: Library messages a user of ``mmte`` can do nothing about: (category, message regex, module regex). Each is
+#: hidden by an exact filter, so any other warning of the same libraries still shows.
+_NOISE_WARNINGS = (
+    # lightning 2.6 calls torch's deprecated isinstance(spec, LeafSpec) on every step
+    (FutureWarning, r"`isinstance\(treespec, LeafSpec\)` is deprecated", r"lightning\.pytorch\.utilities\._pytree"),
+    # the model summary's size estimate under bf16-mixed (mmte's precision: auto picks it)
+    (UserWarning, r"Precision \S+ is not supported by the model summary", r"lightning\.pytorch\.utilities\.model_summary"),
+    # epoch-level logs under data parallelism: mmte logs rank-local training losses (evaluation losses are averaged over ranks)
+    (None, r"It is recommended to use `self\.log\('(train|val|test)_", r"lightning\.pytorch\.trainer\.connectors\.logger_connector\.result"),
+)
+#: (logger, message prefix) of library log records hidden the same way.
+_NOISE_LOGS = (
+    # torchao registers its Enums as pytree constants at import; torch 2.14 deprecates that (torchao's business)
+    ("torch.utils._pytree", "<enum "),
+    # Lightning's advertisement for its cloud logger
+    ("lightning.pytorch.utilities.rank_zero", "💡 Tip: For seamless cloud logging"),
+)
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, prefix: str, contains: str = ""):
+        super().__init__()
+        self.prefix, self.contains = prefix, contains
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not (msg.startswith(self.prefix) and self.contains in msg)
+
+
+def _quiet_library_noise() -> None:
+    """Install the filters of :data:`_NOISE_WARNINGS` and :data:`_NOISE_LOGS` (once)."""
+    for category, message, module in _NOISE_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category or Warning, module=module)
+    for name, prefix in _NOISE_LOGS:
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessages) and f.prefix == prefix for f in log.filters):
+            contains = "is an Enum subclass and is now natively supported" if name == "torch.utils._pytree" else ""
+            log.addFilter(_DropMessages(prefix, contains))
 
 
 def main(argv: list[str] | None = None) -> int:

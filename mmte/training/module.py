@@ -40,6 +40,7 @@ What it adds to the model:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -261,6 +262,19 @@ def _head_metrics(kind: str, head_cfg: Mapping[str, Any]) -> dict[str, torchmetr
 _PRIMARY = {"acc": "max", "r1": "max", "mse": "min"}
 
 
+@contextlib.contextmanager
+def quiet_model_logs():
+    """Hold back :mod:`mmte.model`'s info lines (freeze policy, LoRA) while building a model only to check
+    shapes, so a run prints each of them once (for the build it trains)."""
+    log = logging.getLogger("mmte.model")
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 # ---------------------------------------------------------------------------------------- module
 class MMTEModule(LightningModule):
     """Fine-tune a :class:`MetaTransformer` (tokenizers -> shared backbone -> heads) with Lightning.
@@ -428,7 +442,8 @@ class MMTEModule(LightningModule):
         """The whole model on the meta device (what a checkpoint describes, whatever this rank holds)."""
         cache = self.__dict__.setdefault("_meta_cache", [])  # a list: not registered as a submodule
         if not cache:
-            cache.append(self._build(device="meta", with_weights=False))
+            with quiet_model_logs():  # a shape check: the build configure_model() does is the one that logs
+                cache.append(self._build(device="meta", with_weights=False))
         return cache[0]
 
     def _frozen_backbone_keys(self) -> list[str] | None:
