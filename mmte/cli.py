@@ -802,7 +802,7 @@ def list_entries(section: str) -> list[tuple[str, str]]:
     if section == "modalities":
         from .tokenizers.registry import MODALITIES
 
-        return [(n, f"{s.tokenizer.__name__}, default head {s.default_head.get('name')}: {s.description or _first_sentence(_doc(s.tokenizer))}")
+        return [(n, f"{s.tokenizer.__name__}, default head {s.default_head.get('name')}: {(s.description or _first_sentence(_doc(s.tokenizer))).rstrip('.')}")
                 for n, s in MODALITIES.items()]
     if section == "heads":
         from .heads import HEADS
