@@ -25,10 +25,9 @@ FAST = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summar
 
 @pytest.fixture(scope="module")
 def fsdd() -> Path:
-    d = ROOT / ".." / "shared" / "data" / "fsdd" / "recordings"
-    if not d.is_dir():
-        pytest.skip(f"FSDD recordings not found at {d}")
-    return d.resolve()
+    from tests.conftest import need_data
+
+    return need_data(ROOT / ".." / "shared" / "data" / "fsdd" / "recordings", "FSDD recordings")
 
 
 def test_help_lists_commands(capsys):

@@ -324,9 +324,9 @@ def _train(model, batches, steps: int, lr: float) -> float:
 
 @pytest.fixture(scope="module")
 def fsdd_fbanks():
-    d = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "fsdd" / "recordings"
-    if not d.is_dir():
-        pytest.skip(f"FSDD recordings not found at {d}")
+    from tests.conftest import need_data
+
+    d = need_data(Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "fsdd" / "recordings", "FSDD recordings")
     train, test = [], []
     n = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -396,9 +396,9 @@ def test_forecasts_etth1_better_than_last_value(one_thread):
     PatchTST tokens (patch 16, stride 8, RevIN) on a frozen tiny backbone + flatten head."""
     from mmte.data.time_series import ETT_HOURLY_BORDERS, load_csv_series, sliding_windows
 
-    path = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "ett" / "ETTh1.csv"
-    if not path.is_file():
-        pytest.skip(f"ETTh1 not found at {path}")
+    from tests.conftest import need_data
+
+    path = need_data(Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "ett" / "ETTh1.csv", "ETTh1")
     values, cols = load_csv_series(path)
     assert cols == ["HUFL", "HULL", "MUFL", "MULL", "LUFL", "LULL", "OT"]
     v = torch.from_numpy(values)

@@ -60,10 +60,9 @@ def reference_fbank(path) -> torch.Tensor:
 
 @pytest.fixture
 def fsdd(shared_data):
-    d = shared_data / "fsdd" / "recordings"
-    if not d.is_dir():
-        pytest.skip(f"FSDD recordings not found at {d}")
-    return d
+    from tests.conftest import need_data
+
+    return need_data(shared_data / "fsdd" / "recordings", "FSDD recordings")
 
 
 @pytest.mark.parametrize("name", FILES)

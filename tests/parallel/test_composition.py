@@ -90,8 +90,10 @@ def _recipe_args(recipe: str, tmp: Path, name: str, dp: int) -> list[str]:
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("recipe", ["quickstart", "etth1_forecast"])
 def test_every_parallel_fragment_trains_like_one_process(recipe, tmp_path):
-    if recipe == "etth1_forecast" and not ETT.is_file():
-        pytest.skip(f"ETTh1 not found at {ETT}")
+    if recipe == "etth1_forecast":
+        from tests.conftest import need_data
+
+        need_data(ETT, "ETTh1")
     ref = _ok(launch(1, {"one": _recipe_args(recipe, tmp_path, "one", 1)}, tmp_path, 600)["one"], "one")
     assert len(ref["losses"]) == 10
     by_world: dict[int, dict[str, list[str]]] = {}
