@@ -41,7 +41,6 @@ import re
 import shutil
 import sys
 import warnings
-from collections.abc import Mapping
 from typing import Any
 
 from .errors import MMTEError, UnknownNameError, UsageError, closest
@@ -149,13 +148,6 @@ def _apply_entry_flags(config: Any, flags: list[tuple[str, str, list[str], str]]
         entries[key] = entry
         model[section] = entries
     return [f"--model.{section}={json.dumps(_plain(model[section]))}" for section in dict.fromkeys(f[0] for f in flags)]
-
-
-def _plain(d: Any) -> Any:
-    """A (jsonargparse Namespace or dict) mapping as nested plain dicts."""
-    if hasattr(d, "as_dict"):
-        d = d.as_dict()
-    return {k: _plain(v) for k, v in d.items()} if isinstance(d, Mapping) else d
 
 
 def _warn(msg: str) -> None:
@@ -312,7 +304,7 @@ def _cli_class():
             init = c.data.get("init_args") if c.get("data") is not None and hasattr(c.data, "get") else None
             if ckpt and init is not None and "state_from" in init and init.state_from is None:
                 init.state_from = ckpt
-            _resolve_precision(c)
+            _resolve_precision(c, self._argv)
             if self._print_config:
                 self._print_effective_config(c)
             if self.subcommand in ("validate", "test", "predict") and not c.get("ckpt_path"):
@@ -421,12 +413,20 @@ def _resolve_model_entries(model: Any) -> None:
         model[section] = plain
 
 
-def _resolve_precision(c: Any) -> None:
+def _resolve_precision(c: Any, argv: list[str] = ()) -> None:
     """Map the top-level ``precision`` (``auto`` or a Lightning value) onto ``trainer.precision`` and log
-    the run header: CPU, the flags that matter, threads, and the precision chosen (and why)."""
+    the run header: CPU, the flags that matter, threads, and the precision chosen (and why).
+
+    An explicit ``--trainer.precision`` on the command line wins over a recipe's ``precision`` (both on
+    the command line with different values is an error)."""
     from . import device as mdev
 
     want = c.get("precision")
+    given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    if "--trainer.precision" in given and want is not None:
+        if "--precision" in given and str(want) != str(c.trainer.precision):
+            raise UsageError(f"--precision {want} and --trainer.precision {c.trainer.precision} disagree", "expected one of them", "drop one")
+        want = None  # the command line's trainer.precision over the recipe's precision
     plugins = c.trainer.get("plugins") or []
     plugins = plugins if isinstance(plugins, list) else [plugins]
     owner = next((p for p in plugins if "precision" in str(getattr(p, "class_path", p)).lower()), None)

@@ -365,7 +365,9 @@ class PredictionWriter(Callback):
         if dm is not None and hasattr(dm, "row_columns"):
             ids = dm.row_columns("predict")
             n = len(next(iter(ids.values()))) if ids else len(positions)
-            if len(positions) != n or (n and (positions[0] != 0 or positions[-1] != n - 1)):
+            lim = trainer.limit_predict_batches  # an int counts batches, a float is a fraction (1.0: all)
+            limited = lim is not None and not (isinstance(lim, float) and lim >= 1.0)
+            if not limited and (len(positions) != n or (n and (positions[0] != 0 or positions[-1] != n - 1))):
                 lost = sorted(set(range(n)) - set(positions.tolist()))
                 raise ValueError(f"predictions cover {len(positions)} of {n} items (missing positions {lost[:8]}); every item must be predicted once")
             ids = {k: [v[i] for i in positions] for k, v in ids.items()}
