@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..tokenizers.base import TokenSeq
+from ..seq import TokenSeq
 from .base import POOLINGS, Head, masked_pool
 
 __all__ = ["ClassificationHead", "ContrastiveHead", "ForecastingHead", "RegressionHead", "TokenHead", "info_nce", "pool_sequence"]
