@@ -32,12 +32,12 @@ __all__ = [
     "TransformerLayer",
     "TransformerStack",
     "activation_fn",
-    "triton_ops",
     "expand_padding_mask",
     "find_stacks",
     "fuse",
     "is_fused",
     "make_norm",
     "te_available",
+    "triton_ops",
     "unfuse",
 ]
