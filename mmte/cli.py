@@ -998,7 +998,7 @@ def export_main(argv: list[str]) -> int:
     """``mmte export``: see :func:`mmte.export.export_main`."""
     from .export import export_main as run
 
-    return run(argv)
+    return run(argv, _cli_class())
 
 
 #: extra (non-Lightning) subcommands: name -> main(argv) -> exit status

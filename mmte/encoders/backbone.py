@@ -23,7 +23,7 @@ from dataclasses import asdict
 import torch
 from torch import nn
 
-from ..te import Linear, TELayer, TransformerLayer, fuse, make_norm, te_available
+from ..te import Linear, TELayer, TransformerLayer, TransformerStack, fuse, make_norm, te_available
 from ..te.backend import BACKENDS
 from .presets import BackboneConfig, get_preset
 
@@ -34,8 +34,8 @@ __all__ = ["FUSIONS", "Backbone"]
 FUSIONS = ("compile", "kernels")
 
 
-class Backbone(nn.Module):
-    """A stack of :class:`~mmte.te.TransformerLayer` with optional pre/final norms.
+class Backbone(TransformerStack):
+    """A stack of :class:`~mmte.te.TransformerLayer` with optional pre/final norms (a :class:`~mmte.te.TransformerStack`).
 
     Args:
         config: a :class:`BackboneConfig` or a preset name (``"meta-transformer-b16"``, ``"tiny"``, ...).

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..tokenizers.base import TokenSeq
+from ..seq import TokenSeq
 from .base import POOLINGS, Head, masked_pool
 from .registry import register_head
 

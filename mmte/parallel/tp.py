@@ -32,6 +32,8 @@ import logging
 import torch
 from torch import nn
 
+from ..te.stack import find_stacks
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["apply_tp", "find_backbones", "glob_matches", "pad_for_sequence_parallel", "tp_plan"]
@@ -42,14 +44,9 @@ def _norm_types() -> tuple[type, ...]:
 
 
 def find_backbones(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``(fqn, module)`` of every :class:`~mmte.encoders.Backbone` in ``model`` (outermost only)."""
-    from ..encoders import Backbone
-
-    found: list[tuple[str, nn.Module]] = []
-    for name, mod in model.named_modules():
-        if isinstance(mod, Backbone) and not any(name.startswith(f + ".") or f == "" for f, _ in found):
-            found.append((name, mod))
-    return found
+    """``(fqn, module)`` of every backbone (:class:`~mmte.te.TransformerStack`, e.g. an
+    :class:`~mmte.encoders.Backbone`) in ``model``, outermost only."""
+    return find_stacks(model)
 
 
 def glob_matches(module: nn.Module, glob: str) -> list[str]:

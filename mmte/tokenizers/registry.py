@@ -30,7 +30,7 @@ import inspect
 import logging
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,7 @@ __all__ = [
     "MODALITIES",
     "ModalitySpec",
     "UnknownModalityError",
+    "collate_modalities",
     "create",
     "get_modality",
     "list_modalities",
@@ -360,6 +361,18 @@ def create(name: str, *args: Any, **config: Any) -> nn.Module:
     ``params_dtype`` and ``device`` are passed through when given.
     """
     return get_modality(name).create(*args, **config)
+
+
+def collate_modalities(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """:func:`mmte.data.collate_batch` with each registered modality's own collate for its batch key.
+
+    ``samples`` are ``{modality: sample, target_key: value}`` dicts; keys that are not registered
+    modality names are stacked.
+    """
+    from ..data import collate_batch
+
+    keys = samples[0] if samples else {}
+    return collate_batch(samples, {k: MODALITIES.get(k).collate_fn for k in keys if k in MODALITIES})
 
 
 def reload() -> list[str]:
