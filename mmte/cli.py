@@ -41,6 +41,7 @@ import re
 import shutil
 import sys
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from .errors import MMTEError, UnknownNameError, UsageError, closest
@@ -403,7 +404,7 @@ def _resolve_model_entries(model: Any) -> None:
         if not entries:
             continue
         plain = {k: _plain(v) for k, v in _plain(entries).items()}
-        for key, entry in plain.items():
+        for entry in plain.values():
             init = entry.get("init_args") if isinstance(entry, dict) else None
             if isinstance(init, dict) and "dim" in init and init["dim"] is None:
                 del init["dim"]  # jsonargparse lists the constructor's width; the backbone sets it
