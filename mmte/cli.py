@@ -151,6 +151,19 @@ def _apply_entry_flags(config: Any, flags: list[tuple[str, str, list[str], str]]
     return [f"--model.{section}={json.dumps(_plain(model[section]))}" for section in dict.fromkeys(f[0] for f in flags)]
 
 
+def single_process_checkpoint(ckpt: str | None, root: str) -> str | None:
+    """``ckpt`` itself, or, for a distributed checkpoint folder, a portable file consolidated from it
+    under ``root`` (what ``mmte convert`` writes), so that one process can load any checkpoint."""
+    if not ckpt or not os.path.isdir(str(ckpt)):
+        return ckpt
+    from .training.portable import consolidate
+
+    out = os.path.join(root, f"{os.path.basename(os.path.normpath(str(ckpt)))}.consolidated.ckpt")
+    consolidate(ckpt, out)
+    logger.info("consolidated the distributed checkpoint %s into %s for this single-process run", ckpt, out)
+    return out
+
+
 def _warn(msg: str) -> None:
     print(f"mmte: warning: {msg}", file=sys.stderr, flush=True)
 
@@ -354,14 +367,7 @@ def _cli_class():
             """A distributed checkpoint folder given to a single-process run is consolidated into a portable
             file first (what ``mmte convert`` does), so any checkpoint is usable on one process."""
             ckpt = self.config_init[subcommand].get("ckpt_path")
-            if not ckpt or not os.path.isdir(str(ckpt)):
-                return
-            from .training.portable import consolidate
-
-            out = os.path.join(self.trainer.default_root_dir, f"{os.path.basename(os.path.normpath(str(ckpt)))}.consolidated.ckpt")
-            consolidate(ckpt, out)
-            logger.info("consolidated the distributed checkpoint %s into %s for this single-process run", ckpt, out)
-            self.config_init[subcommand]["ckpt_path"] = out
+            self.config_init[subcommand]["ckpt_path"] = single_process_checkpoint(ckpt, self.trainer.default_root_dir)
 
     return MMTECLI
 

@@ -356,6 +356,7 @@ class PredictionWriter(Callback):
         return positions[first], {k: v[keep] for k, v in cols.items()}
 
     def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        log_dir = trainer.log_dir  # a collective under distributed strategies: every rank asks, before rank 0 writes
         got = self._gathered(trainer)
         if got is None:
             return
@@ -375,7 +376,7 @@ class PredictionWriter(Callback):
             ids = {"id": positions.tolist()}
         self.table = self._assemble(ids, cols, getattr(dm, "class_names", None))
         arrays = [k for k, v in self.table.items() if isinstance(v, np.ndarray) and v.ndim > 1]
-        path = self.output or os.path.join(trainer.log_dir or trainer.default_root_dir, "predictions.npz" if arrays else "predictions.csv")
+        path = self.output or os.path.join(log_dir or trainer.default_root_dir, "predictions.npz" if arrays else "predictions.csv")
         self._write(path, arrays)
         self.path = path
         if self.print_rows:
