@@ -145,7 +145,8 @@ def test_regression_losses():
 
 def test_head_registry():
     assert {"classification", "regression", "forecasting", "token", "contrastive"} <= set(heads.list_heads())
-    with pytest.raises(ValueError, match="unknown head 'segmentation', expected one of classification, contrastive, forecasting, regression, token, set the head's name: to one of them"):
+    with pytest.raises(ValueError, match=r"^unknown head 'segmentation', expected one of classification, contrastive, forecasting, regression, token, set the head's name: "
+                       r"to one of them \(new heads: see docs/extending.md\)$"):
         heads.create("segmentation", dim=8)
 
     @heads.register_head("_test_linear")
