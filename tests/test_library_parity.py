@@ -96,3 +96,38 @@ def test_knn_by_cdist_picks_the_old_neighbours():
         got, ref = knn(query, xyz, 12, num_points), _old_knn(query, xyz, 12, num_points)
         assert torch.equal(got, ref)
     assert int(knn(query, xyz, 12, n)[2].max()) < 64
+
+
+def test_activation_checkpointing_changes_no_gradient():
+    """A tiny real MetaTransformer with every backbone layer checkpointed: the same FQNs, the same loss and
+    gradients bit for bit, fewer tensors kept for backward, and the layers run again in backward."""
+    from mmte.model import MetaTransformer
+    from mmte.parallel import apply_activation_checkpointing
+
+    def build():
+        torch.manual_seed(0)
+        return MetaTransformer({"image": {"name": "image", "img_size": 32, "patch_size": 16}}, "tiny",
+                               {"digit": {"name": "classification", "num_classes": 3}}, freeze="none")
+
+    batch = {"image": torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1)), "label": torch.tensor([0, 2])}
+
+    def step(model):
+        calls, saved = [], [0]
+        model.backbone.layers["1"].layernorm_mlp.fc1.register_forward_hook(lambda *a: calls.append(1))
+
+        def pack(t):
+            saved[0] += 1
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = model.loss(model(batch), batch)["loss"]
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in model.named_parameters()}, len(calls), saved[0]
+
+    plain, ac = build(), build()
+    assert apply_activation_checkpointing([ac]) == 2 and apply_activation_checkpointing([ac]) == 0  # idempotent
+    assert [n for n, _ in ac.named_parameters()] == [n for n, _ in plain.named_parameters()]
+    assert type(ac.backbone.layers["0"]) is type(plain.backbone.layers["0"])
+    (l0, g0, c0, s0), (l1, g1, c1, s1) = step(plain), step(ac)
+    assert torch.equal(l0, l1) and all(torch.equal(g0[n], g1[n]) for n in g0)
+    assert (c0, c1) == (1, 2) and s1 < s0 / 2
