@@ -7,6 +7,7 @@ sub-package (``import mmte.te``) loads that sub-package and what it imports, not
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 __version__ = "0.1.0"
 
@@ -45,8 +46,8 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    if name == "device":  # the submodule (``mmte.device``)
-        return importlib.import_module("mmte.device")
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")  # a sub-module: mmte.heads, mmte.device, ...
     raise AttributeError(f"module 'mmte' has no attribute {name!r}")

@@ -61,7 +61,8 @@ def knn(query: torch.Tensor, xyz: torch.Tensor, k: int, num_points: torch.Tensor
     counts = num_points if num_points is not None else torch.full((b,), p)
     if k > int(counts.min()):
         raise ValueError(f"group_size k={k} exceeds the {int(counts.min())} points of the smallest cloud; expected at least {k} points")
-    d = ((query.float()[:, :, None] - xyz.float()[:, None]) ** 2).sum(-1)  # [B, G, P]
+    # exact pairwise differences (no matmul expansion), so near neighbours keep their order
+    d = torch.cdist(query.float(), xyz.float(), compute_mode="donot_use_mm_for_euclid_dist")  # [B, G, P]
     valid = _valid(num_points, b, p, xyz.device)
     if valid is not None:
         d = d.masked_fill(~valid[:, None], float("inf"))
