@@ -73,7 +73,7 @@ def _mmte(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.Complete
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONWARNINGS", "MMTE_DEBUG")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.setdefault("OMP_NUM_THREADS", "1")
-    return subprocess.run([sys.executable, "-m", "mmte", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "mmte", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def test_registered_strategy_names_are_accepted(tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import functools
 import re
+import runpy
 import shutil
 import sys
 from pathlib import Path
@@ -27,7 +28,7 @@ FAST = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summar
 
 
 def _blocks(lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
+    return re.findall(rf"```{lang}\n(.*?)```", DOC.read_text(encoding="utf-8"), re.DOTALL)
 
 
 def _forget_example() -> None:
@@ -108,15 +109,17 @@ def test_registration_names_and_specs_unchanged_by_the_decorators():
     assert {n: name(c) for n, c in HEADS.items() if c.__module__.startswith("mmte.")} == {
         "classification": "mmte.heads.heads.ClassificationHead", "contrastive": "mmte.heads.heads.ContrastiveHead",
         "forecasting": "mmte.heads.heads.ForecastingHead", "regression": "mmte.heads.heads.RegressionHead", "token": "mmte.heads.heads.TokenHead"}
-    blocks = [str(p.relative_to(ROOT)) for p in (ROOT / "mmte").rglob("*.py") if re.search(r"^def _register\(", p.read_text(), re.M)]
+    blocks = [str(p.relative_to(ROOT)) for p in (ROOT / "mmte").rglob("*.py") if re.search(r"^def _register\(", p.read_text(), re.MULTILINE)]
     assert blocks == ["mmte/training/strategy.py"], blocks  # Lightning's strategy registry: a loop over named presets
 
 
 # --------------------------------------------------------------------------------------- 1. Python
-def test_python_route_runs_as_written(on_path, capsys):
+def test_python_route_runs_as_written(on_path, tmp_path, capsys):
     code = _blocks("python")[1]
     assert "import examples.ecg" in code
-    exec(compile(code, str(DOC) + ":python-route", "exec"), {"__name__": "__doc_example__"})
+    script = tmp_path / "python_route.py"  # the doc's block, run as the user's own script
+    script.write_text(code, encoding="utf-8")
+    runpy.run_path(str(script), run_name="__main__")
     out = capsys.readouterr().out
     loss = float(re.search(r"loss after 3 steps: ([\d.]+)", out).group(1))
     assert 0.0 < loss < 5.0

@@ -395,7 +395,6 @@ def test_forecasts_etth1_better_than_last_value(one_thread):
     """ETTh1, standard 12/4/4-month split, train-split standardisation, input 96 -> horizon 96,
     PatchTST tokens (patch 16, stride 8, RevIN) on a frozen tiny backbone + flatten head."""
     from mmte.data.time_series import ETT_HOURLY_BORDERS, load_csv_series, sliding_windows
-
     from tests.conftest import need_data
 
     path = need_data(Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "ett" / "ETTh1.csv", "ETTh1")
@@ -440,7 +439,7 @@ def test_default_head_and_channel_pooling():
     clf = mmte.MetaTransformer({"ts": {"name": "time_series", "num_channels": 3}}, "tiny", {"c": {"name": "classification", "num_classes": 2}})
     with torch.no_grad():
         out = clf({"ts": x})["c"]
-        hidden, seq = clf.forward_backbone(clf.forward_tokens({"ts": x}))["ts"]
+        hidden, _seq = clf.forward_backbone(clf.forward_tokens({"ts": x}))["ts"]
         ref = clf.heads["c"].mlp(hidden.mean(1).reshape(4, 3, -1).mean(1))
     assert out.shape == (4, 2)
     torch.testing.assert_close(out, ref)

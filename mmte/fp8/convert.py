@@ -52,7 +52,7 @@ def _set_submodule(model: nn.Module, fqn: str, new: nn.Module) -> None:
 def convert(
     model: nn.Module,
     recipe: Recipe | str | None = None,
-    filter: FilterFn | None = None,  # noqa: A002 - the issue's argument name
+    filter: FilterFn | None = None,
     *,
     inference: bool = False,
 ) -> nn.Module:

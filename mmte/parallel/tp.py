@@ -146,8 +146,8 @@ def tp_plan(backbone: nn.Module, *, sequence_parallel: bool = False) -> dict:
                 plan[glob] = SequenceParallel(use_local_output=True)
         first, last = f"layers.{layers[0]}", f"layers.{layers[-1]}"
         # a layer is called as layer(x, mask): slice x along the sequence, leave the (full) mask alone
-        cut = dict(input_layouts=(Replicate(), None), desired_input_layouts=(Shard(1), None), use_local_input=True)
-        gather = dict(output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True)
+        cut = {"input_layouts": (Replicate(), None), "desired_input_layouts": (Shard(1), None), "use_local_input": True}
+        gather = {"output_layouts": Shard(1), "desired_output_layouts": Replicate(), "use_local_output": True}
         if first == last:
             plan[first] = PrepareModuleInputOutput(**cut, **gather)
         else:

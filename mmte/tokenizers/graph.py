@@ -56,7 +56,7 @@ class GraphTokenizer(ModalityTokenizer):
     ):
         super().__init__(dim)
         self.node_dim, self.edge_dim, self.num_eigvecs, self.sign_flip = node_dim, edge_dim, num_eigvecs, sign_flip
-        kw = dict(device=device, dtype=params_dtype)
+        kw = {"device": device, "dtype": params_dtype}
         self.node_proj = nn.Linear(node_dim, dim, **kw)
         self.edge_proj = nn.Linear(edge_dim, dim, **kw) if edge_dim else None
         self.id_proj = nn.Linear(2 * num_eigvecs, dim, bias=False, **kw)

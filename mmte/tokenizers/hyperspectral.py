@@ -64,7 +64,7 @@ class HyperspectralTokenizer(ModalityTokenizer):
         if not 1 <= group_stride <= group_size:
             raise ValueError(f"group_stride must be in [1, group_size={group_size}]; got {group_stride}")
         self.patch_size, self.group_size, self.group_stride, self.max_bands = patch_size, group_size, group_stride, max_bands
-        kw = dict(device=device, dtype=params_dtype)
+        kw = {"device": device, "dtype": params_dtype}
         self.proj = nn.Linear(group_size * patch_size * patch_size, dim, **kw)
         self.norm = nn.LayerNorm(dim, **kw)
         self.pos_embed = nn.Parameter(torch.empty(1, self.num_groups(max_bands), dim, **kw))

@@ -53,7 +53,7 @@ class IMUTokenizer(ModalityTokenizer):
     ):
         super().__init__(dim)
         self.in_chans, self.window, self.stride, self.max_windows = in_chans, window, stride, max_windows
-        kw = dict(device=device, dtype=params_dtype)
+        kw = {"device": device, "dtype": params_dtype}
         self.proj = nn.Conv1d(in_chans, dim, window, stride, **kw)
         self.norm = nn.LayerNorm(dim, **kw)
         self.pos_embed = nn.Parameter(torch.empty(1, max_windows, dim, **kw))

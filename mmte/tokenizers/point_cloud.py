@@ -118,7 +118,7 @@ class PointCloudTokenizer(ModalityTokenizer):
             raise ValueError(f"point clouds need at least xyz (in_chans >= 3); got in_chans={in_chans}")
         self.num_groups, self.group_size, self.in_chans = num_groups, group_size, in_chans
         h1, h2 = hidden
-        kw = dict(device=device, dtype=params_dtype)
+        kw = {"device": device, "dtype": params_dtype}
         self.first = nn.Sequential(nn.Linear(in_chans, h1, **kw), nn.LayerNorm(h1, **kw), nn.GELU(), nn.Linear(h1, h2, **kw))
         self.second = nn.Sequential(nn.Linear(2 * h2, 2 * h2, **kw), nn.LayerNorm(2 * h2, **kw), nn.GELU(), nn.Linear(2 * h2, dim, **kw))
         self.pos = nn.Sequential(nn.Linear(3, 128, **kw), nn.GELU(), nn.Linear(128, dim, **kw))

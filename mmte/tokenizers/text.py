@@ -55,7 +55,7 @@ class TextTokenizer(ModalityTokenizer):
         device: torch.device | str | None = None,
     ):
         super().__init__(dim)
-        kw = dict(device=device, dtype=params_dtype)
+        kw = {"device": device, "dtype": params_dtype}
         self.vocab_size, self.max_position_embeddings, self.pad_token_id = vocab_size, max_position_embeddings, pad_token_id
         self.word_embeddings = nn.Embedding(vocab_size, dim, padding_idx=pad_token_id, **kw)
         self.position_embeddings = nn.Embedding(max_position_embeddings, dim, **kw)

@@ -63,7 +63,7 @@ class VideoTokenizer(ModalityTokenizer):
             raise ValueError(f"max_frames ({max_frames}) must be >= tubelet_size ({tubelet_size})")
         self.tubelet_size, self.in_chans, self.max_frames = tubelet_size, in_chans, max_frames
         self.max_time = max_frames // tubelet_size
-        kw = dict(device=device, dtype=params_dtype)
+        kw = {"device": device, "dtype": params_dtype}
         k = (tubelet_size, *self.patch_size)
         self.proj = nn.Conv3d(in_chans, dim, k, k, **kw)
         self.cls_token = nn.Parameter(torch.empty(1, 1, dim, **kw)) if cls_token else None
