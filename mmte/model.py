@@ -190,8 +190,9 @@ class MetaTransformer(PipelineStages, nn.Module):
     # ---------------------------------------------------------------------------- freezing, init
     def freeze(self, policy: str | Sequence[str]) -> list[str]:
         """Apply a freeze policy (:func:`mmte.model_parts.freeze_parameters`); returns the trainable parameters' names."""
+        names = freeze_parameters(self, policy)
         self.freeze_policy = policy
-        return freeze_parameters(self, policy)
+        return names
 
     def trainable_parameter_names(self) -> list[str]:
         return [n for n, p in self.named_parameters() if p.requires_grad]

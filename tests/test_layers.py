@@ -147,7 +147,7 @@ def test_the_check_sees_a_fault(tmp_path):
     assert FLOORS[unit_of("mmte.tokenizers.registry", UNITS)] == 3 > FLOORS["data"] == 2
 
 
-@pytest.mark.parametrize("module", ["mmte.te", "mmte.data", "mmte.fp8", "mmte.parallel"])
+@pytest.mark.parametrize("module", ["mmte.te", "mmte.parallel"])
 def test_importing_a_unit_loads_nothing_beside_or_above_it(module):
     """In a fresh interpreter, ``import mmte.<unit>`` loads that unit and units on lower floors only
     (``mmte/__init__.py`` re-exports lazily); ``import mmte.te`` loads the engine alone."""
