@@ -125,10 +125,10 @@ ROWS: dict[str, tuple[list[str], int, str]] = {
                        "or drop it"),
     "unknown_modality": _row(["fit", *QUICK, "--model.tokenizers", "{image: {name: imag}}"], 2,
                          "unknown modality 'imag', expected one of audio, graph, hyperspectral, image, imu, infrared, point_cloud, tabular, "
-                         "text, time_series, video, xray (did you mean 'image'?), see mmte modalities"),
+                         "text, time_series, video, xray (did you mean 'image'?), see mmte list modalities (to add one: docs/extending.md)"),
     "unknown_head": _row(["fit", *QUICK, "--model.heads", "{digit: {name: clasification}}"], 2,
                      "unknown head 'clasification', expected one of classification, contrastive, forecasting, regression, token (did you mean "
-                     "'classification'?), set the head's name: to one of them"),
+                     "'classification'?), set the head's name: to one of them (new heads: see docs/extending.md)"),
     "unknown_preset": _row(["fit", *QUICK, "--model.backbone", "tinyy"], 2,
                        "unknown backbone preset 'tinyy', expected one of meta-transformer-b16, meta-transformer-l14, minilm-l6, small, tiny, "
                        "vit-b16 (did you mean 'tiny'?), set model.backbone to one of them"),
