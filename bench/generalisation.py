@@ -406,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "generalisation.json",
                    help="JSON results; families not run this time keep their earlier entry there (each with its own command)")
     p.add_argument("--fresh", action="store_true", help="drop the families not run this time from --out")
+    p.add_argument("--merge", nargs="+", type=Path, default=None,
+                   help="run nothing: merge the families of these results files (e.g. runs made side by side) into --out and print the tables")
     p.add_argument("--write", type=Path, default=None, help="also write the tables into this BENCHMARKS.md")
     p.add_argument("--workdir", default=None, help="where the runs' logs and checkpoints go (default: a temporary folder)")
     p.add_argument("--mmte-args", default="", help="extra `mmte fit` arguments for every run, e.g. \"--model.lr 3e-4\" (recipe variants)")
@@ -421,16 +423,23 @@ def main(argv: list[str] | None = None) -> int:
     work = args.workdir or tempfile.mkdtemp(prefix="mmte-generalisation-")
     argv_used = sys.argv[1:] if argv is None else argv
     command = "python bench/generalisation.py " + " ".join(shlex.quote(a) for a in argv_used)
+    new: dict = {}
+    if args.merge:
+        for path in args.merge:
+            new.update({k: v for k, v in json.loads(path.read_text()).items() if k in FAMILIES})
+    else:
+        runners = {"audio": run_audio, "forecast": run_forecast, "tabular": run_tabular}
+        for fam in families:
+            t0 = time.time()
+            res = runners[fam](args, work)
+            res.update(seconds=round(time.time() - t0), command=command.strip(), env=env, smoke=args.smoke,
+                       date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+            new[fam] = res
     results: dict = {}
-    if not args.fresh and args.out.exists():
+    if not args.fresh and args.out.exists():  # read now, not at the start: runs side by side share one --out
         results = {k: v for k, v in json.loads(args.out.read_text()).items() if k in FAMILIES}
-    runners = {"audio": run_audio, "forecast": run_forecast, "tabular": run_tabular}
-    for fam in families:
-        t0 = time.time()
-        res = runners[fam](args, work)
-        res.update(seconds=round(time.time() - t0), command=command.strip(), env=env, smoke=args.smoke,
-                   date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-        results[fam] = res
+    results.update(new)
+    results = {k: results[k] for k in FAMILIES if k in results}
     body = markdown(results)
     print(body)
     args.out.parent.mkdir(parents=True, exist_ok=True)
