@@ -191,6 +191,23 @@ def _fold_job(args, work: str, spk: str) -> subprocess.Popen:
         return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
+def _audio_summary(rows: list[dict]) -> dict:
+    mean = {k: float(np.mean([r[k] for r in rows])) for k in ("mmte", "pooled_fbank_logreg", "small_cnn")}
+    return {"recipe": "recipes/fsdd_speakers.yaml", "folds": rows, "mean": mean,
+            "above_baselines_every_fold": all(r["mmte"] > max(r["pooled_fbank_logreg"], r["small_cnn"]) for r in rows)}
+
+
+def _merge_folds(a: dict, b: dict) -> dict:
+    """Two audio results with folds run in separate processes -> one (a fold in both: ``b``'s)."""
+    rows = {r["speaker"]: r for r in a["folds"]}
+    rows.update({r["speaker"]: r for r in b["folds"]})
+    out = {**a, **_audio_summary(sorted(rows.values(), key=lambda r: r["speaker"]))}
+    cmds = [c for c in (a.get("command"), b.get("command")) if c]
+    out["command"] = " ; ".join(dict.fromkeys(" ; ".join(cmds).split(" ; ")))
+    out["seconds"] = max(a.get("seconds", 0), b.get("seconds", 0))
+    return out
+
+
 def run_audio(args, work: str) -> dict:
     from mmte.training.datamodule import FolderDataModule
 
@@ -218,9 +235,7 @@ def run_audio(args, work: str) -> dict:
         rows.sort(key=lambda r: folds.index(r["speaker"]))
     else:
         rows = [audio_fold(args, work, spk) for spk in folds]
-    mean = {k: float(np.mean([r[k] for r in rows])) for k in ("mmte", "pooled_fbank_logreg", "small_cnn")}
-    return {"recipe": "recipes/fsdd_speakers.yaml", "folds": rows, "mean": mean,
-            "above_baselines_every_fold": all(r["mmte"] > max(r["pooled_fbank_logreg"], r["small_cnn"]) for r in rows)}
+    return _audio_summary(rows)
 
 
 # --------------------------------------------------------------------------------------------- forecast
@@ -426,7 +441,11 @@ def main(argv: list[str] | None = None) -> int:
     new: dict = {}
     if args.merge:
         for path in args.merge:
-            new.update({k: v for k, v in json.loads(path.read_text()).items() if k in FAMILIES})
+            for fam, res in json.loads(path.read_text()).items():
+                if fam == "audio" and "audio" in new:  # folds run as separate processes: one table
+                    new["audio"] = _merge_folds(new["audio"], res)
+                elif fam in FAMILIES:
+                    new[fam] = res
     else:
         runners = {"audio": run_audio, "forecast": run_forecast, "tabular": run_tabular}
         for fam in families:
