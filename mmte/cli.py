@@ -40,7 +40,6 @@ import re
 import shutil
 import sys
 import warnings
-from collections.abc import Mapping
 from typing import Any
 
 from .errors import MMTEError, UnknownNameError, UsageError, closest
@@ -148,11 +147,17 @@ def _apply_entry_flags(config: Any, flags: list[tuple[str, str, list[str], str]]
     return [f"--model.{section}={json.dumps(_plain(model[section]))}" for section in dict.fromkeys(f[0] for f in flags)]
 
 
-def _plain(d: Any) -> Any:
-    """A (jsonargparse Namespace or dict) mapping as nested plain dicts."""
-    if hasattr(d, "as_dict"):
-        d = d.as_dict()
-    return {k: _plain(v) for k, v in d.items()} if isinstance(d, Mapping) else d
+def single_process_checkpoint(ckpt: str | None, root: str) -> str | None:
+    """``ckpt`` itself, or, for a distributed checkpoint folder, a portable file consolidated from it
+    under ``root`` (what ``mmte convert`` writes), so that one process can load any checkpoint."""
+    if not ckpt or not os.path.isdir(str(ckpt)):
+        return ckpt
+    from .training.portable import consolidate
+
+    out = os.path.join(root, f"{os.path.basename(os.path.normpath(str(ckpt)))}.consolidated.ckpt")
+    consolidate(ckpt, out)
+    logger.info("consolidated the distributed checkpoint %s into %s for this single-process run", ckpt, out)
+    return out
 
 
 def _warn(msg: str) -> None:
@@ -299,7 +304,7 @@ def _cli_class():
             init = c.data.get("init_args") if c.get("data") is not None and hasattr(c.data, "get") else None
             if ckpt and init is not None and "state_from" in init and init.state_from is None:
                 init.state_from = ckpt
-            _resolve_precision(c)
+            _resolve_precision(c, self._argv)
             if self.subcommand in ("validate", "test", "predict") and not c.get("ckpt_path"):
                 _warn_untrained(self.subcommand, c.model)
 
@@ -332,14 +337,7 @@ def _cli_class():
             """A distributed checkpoint folder given to a single-process run is consolidated into a portable
             file first (what ``mmte convert`` does), so any checkpoint is usable on one process."""
             ckpt = self.config_init[subcommand].get("ckpt_path")
-            if not ckpt or not os.path.isdir(str(ckpt)):
-                return
-            from .training.portable import consolidate
-
-            out = os.path.join(self.trainer.default_root_dir, f"{os.path.basename(os.path.normpath(str(ckpt)))}.consolidated.ckpt")
-            consolidate(ckpt, out)
-            logger.info("consolidated the distributed checkpoint %s into %s for this single-process run", ckpt, out)
-            self.config_init[subcommand]["ckpt_path"] = out
+            self.config_init[subcommand]["ckpt_path"] = single_process_checkpoint(ckpt, self.trainer.default_root_dir)
 
     return MMTECLI
 
@@ -350,12 +348,20 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-def _resolve_precision(c: Any) -> None:
+def _resolve_precision(c: Any, argv: list[str] = ()) -> None:
     """Map the top-level ``precision`` (``auto`` or a Lightning value) onto ``trainer.precision`` and log
-    the run header: CPU, the flags that matter, threads, and the precision chosen (and why)."""
+    the run header: CPU, the flags that matter, threads, and the precision chosen (and why).
+
+    An explicit ``--trainer.precision`` on the command line wins over a recipe's ``precision`` (both on
+    the command line with different values is an error)."""
     from . import device as mdev
 
     want = c.get("precision")
+    given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    if "--trainer.precision" in given and want is not None:
+        if "--precision" in given and str(want) != str(c.trainer.precision):
+            raise UsageError(f"--precision {want} and --trainer.precision {c.trainer.precision} disagree", "expected one of them", "drop one")
+        want = None  # the command line's trainer.precision over the recipe's precision
     plugins = c.trainer.get("plugins") or []
     plugins = plugins if isinstance(plugins, list) else [plugins]
     owner = next((p for p in plugins if "precision" in str(getattr(p, "class_path", p)).lower()), None)

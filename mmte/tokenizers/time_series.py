@@ -69,7 +69,10 @@ class RevIN(nn.Module):
         y = (x - mean) / std
         if self.weight is not None:
             y = y * self.weight + self.bias
-        return y, RevINStats(mean, std, self.weight, self.bias, self.eps)
+        # the statistics carry copies of the affine (gradients still reach the parameters): a sharded
+        # runtime (FSDP2) frees this module's gathered parameters after its forward, before the head uses them
+        w, b = (self.weight.clone(), self.bias.clone()) if self.weight is not None else (None, None)
+        return y, RevINStats(mean, std, w, b, self.eps)
 
 
 class TimeSeriesTokenizer(ModalityTokenizer):

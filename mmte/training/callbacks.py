@@ -356,6 +356,7 @@ class PredictionWriter(Callback):
         return positions[first], {k: v[keep] for k, v in cols.items()}
 
     def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        log_dir = trainer.log_dir  # a collective under distributed strategies: every rank asks, before rank 0 writes
         got = self._gathered(trainer)
         if got is None:
             return
@@ -365,7 +366,9 @@ class PredictionWriter(Callback):
         if dm is not None and hasattr(dm, "row_columns"):
             ids = dm.row_columns("predict")
             n = len(next(iter(ids.values()))) if ids else len(positions)
-            if len(positions) != n or (n and (positions[0] != 0 or positions[-1] != n - 1)):
+            lim = trainer.limit_predict_batches  # an int counts batches, a float is a fraction (1.0: all)
+            limited = lim is not None and not (isinstance(lim, float) and lim >= 1.0)
+            if not limited and (len(positions) != n or (n and (positions[0] != 0 or positions[-1] != n - 1))):
                 lost = sorted(set(range(n)) - set(positions.tolist()))
                 raise ValueError(f"predictions cover {len(positions)} of {n} items (missing positions {lost[:8]}); every item must be predicted once")
             ids = {k: [v[i] for i in positions] for k, v in ids.items()}
@@ -373,7 +376,7 @@ class PredictionWriter(Callback):
             ids = {"id": positions.tolist()}
         self.table = self._assemble(ids, cols, getattr(dm, "class_names", None))
         arrays = [k for k, v in self.table.items() if isinstance(v, np.ndarray) and v.ndim > 1]
-        path = self.output or os.path.join(trainer.log_dir or trainer.default_root_dir, "predictions.npz" if arrays else "predictions.csv")
+        path = self.output or os.path.join(log_dir or trainer.default_root_dir, "predictions.npz" if arrays else "predictions.csv")
         self._write(path, arrays)
         self.path = path
         if self.print_rows:

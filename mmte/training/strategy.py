@@ -46,7 +46,7 @@ from .. import device as mdevice
 from ..parallel import DDPConfig, FSDPConfig, ParallelConfig, ParallelDims, amax_group, build_mesh, dp_mesh, parallelize
 from ..parallel.pipeline import forward_only, microbatches_for, stages_per_rank
 from ..parallel.tp import find_backbones
-from .portable import FLAT, consolidate, gather_full, is_flat, optim_to_flat
+from .portable import FLAT, consolidate, gather_full, is_flat, optim_from_flat, optim_to_flat
 
 logger = logging.getLogger(__name__)
 
@@ -317,19 +317,34 @@ class MMTEStrategy(ModelParallelStrategy):
                 copy_full(t, sd[k].to(t.device if t.device.type != "meta" else "cpu"))
 
     def load_optimizer_state_dict(self, checkpoint) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+        """Load a checkpoint's optimizer state into this rank's optimizer, whatever layout wrote it.
+
+        The state is keyed by parameter FQN (a single-process checkpoint's positional state is converted
+        first); each tensor is the full one and this rank keeps its slice of it where the parameter is a
+        DTensor (TP / FSDP), the whole tensor otherwise; group options (lr, weight decay...) come along.
+        """
+        from ..parallel.materialize import copy_full
 
         module = self.lightning_module
-        local = {n for n, _ in module.named_parameters()}
+        local = dict(module.named_parameters())
         for opt, state in zip(self.optimizers, checkpoint.get("optimizer_states") or []):
             opt = getattr(opt, "_optimizer", opt)
             if _placeholder_only(opt):
                 continue
             if not is_flat(state):  # a single-process checkpoint: positions follow the whole model's groups
                 state = optim_to_flat(state, module.optimizer_param_names())
-            mine = {k: v for k, v in state.items() if k.split(".", 1)[1].rsplit(".", 1)[0] in local}
-            options = StateDictOptions(full_state_dict=True, flatten_optimizer_state_dict=True)
-            set_optimizer_state_dict(module, opt, mine, options=options)
+            ids = {id(p): n for n, p in local.items()}
+            names = [[ids[id(p)] for p in g["params"]] for g in opt.param_groups]
+            native = optim_from_flat(state, names)
+            params = [p for g in opt.param_groups for p in g["params"]]
+            for pid, per in native["state"].items():
+                param = params[pid]
+                for k, v in per.items():
+                    if isinstance(v, torch.Tensor) and v.dim() > 0 and tuple(v.shape) == tuple(param.shape):
+                        dst = torch.zeros_like(param, dtype=v.dtype)
+                        copy_full(dst, v.to(dst.to_local().device if hasattr(dst, "to_local") else dst.device))
+                        per[k] = dst
+            opt.load_state_dict(native)
 
     # ------------------------------------------------------------------ pipeline steps
     def _pipeline_inputs(self, batch):

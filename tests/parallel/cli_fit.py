@@ -19,6 +19,7 @@ pipeline-parallel ranks of a replica hold the same value.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import os
 import sys
 import traceback
@@ -78,7 +79,7 @@ def _pop(args: list[str], flag: str) -> str | None:
 
 
 def run(args: list[str]) -> dict:
-    from mmte.cli import _cli_class
+    from mmte.cli import _cli_class, single_process_checkpoint
 
     args = list(args)
     command = args.pop(0) if args and args[0] in ("fit", "predict") else "fit"
@@ -86,6 +87,8 @@ def run(args: list[str]) -> dict:
     cb = StepLosses()
     callbacks = [LearningRateMonitor(logging_interval="step"), cb] + ([StopAfterEpoch(int(stop))] if stop else [])
     cli = _cli_class()(args=args, run=False, trainer_defaults={"callbacks": callbacks})
+    if cli.trainer.world_size == 1:  # as mmte's CLI does: a distributed checkpoint folder is consolidated first
+        ckpt = single_process_checkpoint(ckpt, cli.trainer.default_root_dir)
     if command == "predict":
         outs = cli.trainer.predict(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt)
         probs = [o[h]["prob"].tolist() for o in outs for h in o if isinstance(o[h], dict) and "prob" in o[h]]
@@ -100,7 +103,7 @@ def run(args: list[str]) -> dict:
 def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
-    out, runs = sys.argv[1], json.loads(open(sys.argv[2]).read())
+    out, runs = sys.argv[1], json.loads(Path(sys.argv[2]).read_text())
     results = {}
     rank0 = os.environ.get("RANK", "0") == "0"  # the process group starts inside the first fit
     for name, args in runs.items():

@@ -103,11 +103,45 @@ def test_every_parallel_fragment_trains_like_one_process(recipe, tmp_path):
         for frag in runs:
             r = _ok(got[frag], frag)
             assert len(r["losses"]) == 10, (frag, r["losses"])
-            worst = max(abs(a - b) for a, b in zip(r["losses"], ref["losses"]))
+            # fp32 sums in another order (TP splits the GEMM reductions): 1e-4 relative to the loss
+            worst = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(r["losses"], ref["losses"]))
             assert worst <= 1e-4, (frag, worst, r["losses"], ref["losses"])
             assert sorted(r["trainable_abs_sums"]) == sorted(ref["trainable_abs_sums"]), frag  # freeze policy held
             for k, v in ref["trainable_abs_sums"].items():  # the trained weights themselves
                 assert r["trainable_abs_sums"][k] == pytest.approx(v, rel=1e-3, abs=1e-3), (frag, k)
+
+
+def _joint_args(tmp: Path, name: str) -> list[str]:
+    """The audio+image joint-fusion recipe (two tokenizers concatenated into one sequence), tiny backbone."""
+    return ["--config", str(REPO / "recipes" / "audio_image_joint.yaml"), "--precision", "32-true",
+            "--model.backbone", "{preset: tiny, num_layers: 4}", "--trainer.max_steps", "3", "--trainer.limit_val_batches", "1",
+            "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false", "--trainer.log_every_n_steps", "1",
+            "--trainer.default_root_dir", str(tmp / name)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_other_pipeline_schedules_and_joint_fusion_train_like_one_process(tmp_path):
+    """The schedules the shipped fragments do not name (interleaved 1F1B, DualPipeV) on the ETTh1 recipe,
+    and joint fusion (audio + image tokens concatenated, tokenizers on stage 0) under 1F1B: per-step
+    losses equal one process's within 1e-4 relative."""
+    if not ETT.is_file():
+        pytest.skip(f"ETTh1 not found at {ETT}")
+    refs = launch(1, {"ett": _recipe_args("etth1_forecast", tmp_path, "one-ett", 1), "joint": _joint_args(tmp_path, "one-joint")}, tmp_path, 900)
+    pp = ["--config", str(PARALLEL["pp2-1f1b"])]
+    runs = {
+        "interleaved": _recipe_args("etth1_forecast", tmp_path, "interleaved", 1) + pp
+        + ["--trainer.strategy.init_args.pp_schedule", "interleaved_1f1b", "--trainer.strategy.init_args.microbatches", "4"],
+        "dualpipev": _recipe_args("etth1_forecast", tmp_path, "dualpipev", 1) + ["--config", str(PARALLEL["pp2-zbv"])]
+        + ["--trainer.strategy.init_args.pp_schedule", "dualpipev"],
+        "joint": _joint_args(tmp_path, "joint") + pp,
+    }
+    got = launch(2, runs, tmp_path, 1200)
+    for name, ref in (("interleaved", "ett"), ("dualpipev", "ett"), ("joint", "joint")):
+        r, want = _ok(got[name], name), _ok(refs[ref], ref)["losses"]
+        assert len(r["losses"]) == len(want), (name, r["losses"])
+        worst = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(r["losses"], want))
+        assert worst <= 1e-4, (name, worst, r["losses"], want)
 
 
 # ------------------------------------------------------------------------------------------------- matrix

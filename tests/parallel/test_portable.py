@@ -61,6 +61,9 @@ def test_checkpoints_move_between_layouts_and_to_one_process(tmp_path):
 
     converted = tmp_path / "converted.ckpt"
     assert main(["convert", str(dcp), str(converted)]) == 0
+    # the user's route: mmte predict --ckpt_path <folder> on one process consolidates it on the fly
+    assert main(["predict", *_args(tmp_path, "p0", "--ckpt_path", str(dcp), "--prediction_writer.output", str(tmp_path / "p0.csv"))]) == 0
+    assert (tmp_path / "p0" / "last.ckpt.consolidated.ckpt").is_file() and (tmp_path / "p0.csv").is_file()
     c = launch(1, {
         "one": _args(tmp_path, "one", "--ckpt_path", str(tmp_path / "ddp" / "checkpoints" / "last.ckpt")),
         "p_file": ["predict", *_args(tmp_path, "p1", "--ckpt_path", str(tp2_ckpt))],

@@ -218,3 +218,18 @@ def test_ddp_training_batches_are_one_process_batches(tmp_path):
         assert a[:2] == b[:2] == [e, k]
         assert sorted(a[2] + b[2]) == sorted(ids), (e, k)
     assert one[0][2] != one[5][2]  # epochs are reshuffled
+
+
+def test_limit_predict_batches_writes_the_predicted_rows_only(tmp_path):
+    """``--trainer.limit_predict_batches`` asks for part of the data: the file holds those rows, by id."""
+    import csv
+
+    from mmte.cli import main
+
+    out = tmp_path / "p.csv"
+    quick = Path(__file__).resolve().parents[2] / "recipes" / "quickstart.yaml"
+    assert main(["predict", "--config", str(quick), "--config", str(quick.parents[1] / "configs" / "encoders" / "tiny.yaml"),
+                 "--trainer.limit_predict_batches", "1", "--data.init_args.eval_batch_size", "16",
+                 "--trainer.default_root_dir", str(tmp_path), "--prediction_writer.output", str(out), "--precision", "32-true"]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 16
