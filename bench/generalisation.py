@@ -22,13 +22,17 @@ model for a new voice); forecast and tabular test the best-validation checkpoint
 
 ::
 
-    python bench/generalisation.py                                   # everything (hours on 2 cores)
-    python bench/generalisation.py --family tabular                  # one family
-    python bench/generalisation.py --family audio --folds 2 --epochs-scale 0.2   # a quick check
-    python bench/generalisation.py --family forecast --horizons 96 192 336 720
-    python bench/generalisation.py --write BENCHMARKS.md             # also replace the section there
+    python bench/generalisation.py --jobs 2 --write BENCHMARKS.md   # everything (about an hour on 2 idle cores)
+    python bench/generalisation.py --families tabular                # one family (or audio,forecast)
+    python bench/generalisation.py --families audio --fold theo      # one leave-one-speaker-out fold
+    python bench/generalisation.py --families audio --folds 2 --epochs-scale 0.2   # a quick check
+    python bench/generalisation.py --families forecast --horizons 96 192 336 720
+    python bench/generalisation.py --families forecast --mmte-args "--model.lr 3e-4"   # a recipe variant
+    python bench/generalisation.py --merge a.json b.json --write BENCHMARKS.md         # join runs made side by side
+    python bench/generalisation.py --smoke                            # the pipeline in about a minute
 
-Prints a markdown table per family, writes JSON to ``bench/results/generalisation.json`` (``--out``).
+Prints a markdown table per family and the issue's targets, writes JSON to ``bench/results/generalisation.json``
+(``--out``; families not run keep their earlier entry, each with its own command, CPU flags and load).
 """
 
 from __future__ import annotations
