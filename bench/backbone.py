@@ -40,8 +40,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mmte import device as mdev  # noqa: E402
-from mmte.encoders import from_timm  # noqa: E402
+from mmte import device as mdev
+from mmte.encoders import from_timm
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 VARIANTS = ("timm_eager", "timm_compile", "timm_bf16_autocast", "mmte_eager", "mmte_fused", "mmte_bf16")
@@ -208,7 +208,7 @@ def peak_memory(variant, s: Shape, args, train: bool) -> int | None:
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=True).stdout.strip().splitlines()[-1]
         return json.loads(out)["peak_growth_bytes"]
-    except Exception as e:  # report, do not invent
+    except Exception as e:  # noqa: BLE001 - a child's failure of any kind is reported, not invented around
         print(f"  memory measurement failed for {variant}: {e}", file=sys.stderr)
         return None
 
@@ -268,10 +268,10 @@ def main() -> None:
                 t = res[(mode, v)]["median_s"]
                 gflops = mult * flops / t / 1e9
                 mem = None if args.no_memory else peak_memory(v, s, args, mode == "train")
-                row = dict(shape=s.name, depth=s.depth, dim=s.dim, batch=args.batch, tokens=s.tokens, mode=mode, variant=v,
-                           ms=t * 1e3, samples_per_s=args.batch / t, gflops=gflops, matmul_gflops=rate,
-                           pct_matmul=100 * gflops / rate, vs_timm_eager=te_ / t, vs_timm_compile=tc_ / t, vs_timm_bf16_autocast=ta_ / t,
-                           peak_bytes=mem, device=args.device, dtype=args.dtype)
+                row = {"shape": s.name, "depth": s.depth, "dim": s.dim, "batch": args.batch, "tokens": s.tokens, "mode": mode, "variant": v,
+                           "ms": t * 1e3, "samples_per_s": args.batch / t, "gflops": gflops, "matmul_gflops": rate,
+                           "pct_matmul": 100 * gflops / rate, "vs_timm_eager": te_ / t, "vs_timm_compile": tc_ / t, "vs_timm_bf16_autocast": ta_ / t,
+                           "peak_bytes": mem, "device": args.device, "dtype": args.dtype}
                 report.append(row)
                 print(f"| {mode} | {v} | {t * 1e3:.1f} | {args.batch / t:.2f} | {gflops:.1f} | {row['pct_matmul']:.1f}% | "
                       f"{row['vs_timm_eager']:.3f}x | {row['vs_timm_compile']:.3f}x | {row['vs_timm_bf16_autocast']:.3f}x | "

@@ -39,8 +39,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import mmte.fp8 as fp8  # noqa: E402
-from mmte import device as mdev  # noqa: E402
+from mmte import device as mdev
+from mmte import fp8
 
 GEMMS = {"qkv": (768, 2304), "proj": (768, 768), "fc1": (768, 3072), "fc2": (3072, 768)}  # (K, N)
 RECIPES = {
@@ -115,9 +115,10 @@ def bench_gpu_gemms(device, rounds: int, batch: int) -> list[dict]:  # pragma: n
         a8, b8t = qa.data.contiguous(), qb.data.contiguous().t()
         sa, sb = qa.scale_inv.float(), qb.scale_inv.float()
         fns = {
-            "bf16": lambda: a @ b.t(),
-            "fp8_scaled_mm": lambda: torch._scaled_mm(a8, b8t, sa, sb, out_dtype=torch.bfloat16),
-            "fp8_scaled_mm_fast_accum": lambda: torch._scaled_mm(a8, b8t, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True),
+            "bf16": lambda a=a, b=b: a @ b.t(),
+            "fp8_scaled_mm": lambda a8=a8, b8t=b8t, sa=sa, sb=sb: torch._scaled_mm(a8, b8t, sa, sb, out_dtype=torch.bfloat16),
+            "fp8_scaled_mm_fast_accum": lambda a8=a8, b8t=b8t, sa=sa, sb=sb: torch._scaled_mm(a8, b8t, sa, sb, out_dtype=torch.bfloat16,
+                                                                                              use_fast_accum=True),
         }
         t = _timeit(fns, rounds, 3, device)
         for name, sec in t.items():
@@ -147,13 +148,13 @@ def bench_gpu_vit_step(device, rounds: int, batch: int) -> list[dict]:  # pragma
         torch.manual_seed(0)
         model = ViT().to(device)
         if recipe is not None:
-            ok, why = fp8.is_available(device, recipe)
+            _ok, why = fp8.is_available(device, recipe)
             fp8.convert(model, recipe)
         else:
             why = "bf16 autocast"
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-        def step(model=model, opt=opt):
+        def step(model=model, opt=opt, recipe=recipe):
             with torch.autocast(torch.device(device).type, dtype=torch.bfloat16), fp8.autocast(recipe=recipe, enabled=recipe is not None):
                 loss = F.cross_entropy(model(images), labels)
             opt.zero_grad(set_to_none=True)
@@ -163,7 +164,7 @@ def bench_gpu_vit_step(device, rounds: int, batch: int) -> list[dict]:  # pragma
         try:
             sec = _timeit({name: step}, rounds, 2, device)[name]
             rows.append({"variant": name, "batch": batch, "ms_per_step": sec * 1e3, "img_per_s": batch / sec, "path": why})
-        except Exception as e:  # record and go on: one failing recipe should not hide the others
+        except Exception as e:  # noqa: BLE001 - record and go on: one failing recipe should not hide the others
             rows.append({"variant": name, "batch": batch, "error": f"{type(e).__name__}: {e}"})
         del model, opt
     base = next((r for r in rows if r["variant"] == "bf16" and "ms_per_step" in r), None)

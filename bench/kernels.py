@@ -42,8 +42,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mmte import device as mdev  # noqa: E402
-from mmte.te import triton_ops  # noqa: E402
+from mmte import device as mdev
+from mmte.te import triton_ops
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -178,14 +178,14 @@ def main() -> None:
                 for mode, nbytes in (("fwd", bytes_f), ("fwd+bwd", bytes_f + bytes_b)):
                     try:
                         t = time_case(fns, inputs, mode, args.iters, args.rounds, args.warmup, dev)
-                    except Exception as e:  # e.g. a compile failure: report it, keep going
+                    except Exception as e:  # noqa: BLE001 - e.g. a compile failure: report it, keep going
                         print(f"| {name} | {D} | {dname} | {mode} | failed: {type(e).__name__}: {e} |")
                         continue
                     gbs = {k: nbytes / v / 1e9 for k, v in t.items()}
-                    row = dict(case=name, D=D, tokens=tokens, dtype=dname, mode=mode, bytes=nbytes,
-                               us={k: v * 1e6 for k, v in t.items()}, gbps=gbs,
-                               speedup_vs_torch=t["torch"] / t["fused"], max_abs_diff_fwd=diff,
-                               device=mdev.info(dev).name)  # fmt: skip
+                    row = {"case": name, "D": D, "tokens": tokens, "dtype": dname, "mode": mode, "bytes": nbytes,
+                               "us": {k: v * 1e6 for k, v in t.items()}, "gbps": gbs,
+                               "speedup_vs_torch": t["torch"] / t["fused"], "max_abs_diff_fwd": diff,
+                               "device": mdev.info(dev).name}  # fmt: skip
                     line = (f"| {name} | {D} | {dname} | {mode} | {t['fused'] * 1e6:.1f} | {t['torch'] * 1e6:.1f} | "
                             f"{gbs['fused']:.0f} | {gbs['torch']:.0f} | {row['speedup_vs_torch']:.2f}x |")  # fmt: skip
                     if args.compile:

@@ -104,7 +104,7 @@ def _time_steps(sched, stages, mods, x, y, cost: float, steps: int) -> tuple[lis
         dist.barrier()
         _BUSY[0] = 0.0
         start = time.perf_counter()
-        kw = dict(target=y, losses=[]) if any(s.is_last for s in stages) else {}
+        kw = {"target": y, "losses": []} if any(s.is_last for s in stages) else {}
         if any(s.is_first for s in stages):
             sched.step(x, **kw)
         else:
@@ -129,10 +129,10 @@ def _worker(rank: int, world: int, port: int, cfg: dict, q) -> None:
             v = stages_per_rank(name, cfg["virtual_stages"])
             num_stages = world * v
             if name == "dualpipev" and m < num_stages:
-                rows.append(dict(schedule=name, pp=world, microbatches=m, skipped=f"needs m >= {num_stages}"))
+                rows.append({"schedule": name, "pp": world, "microbatches": m, "skipped": f"needs m >= {num_stages}"})
                 continue
             if name == "interleaved_1f1b" and m % world:
-                rows.append(dict(schedule=name, pp=world, microbatches=m, skipped=f"needs m % {world} == 0"))
+                rows.append({"schedule": name, "pp": world, "microbatches": m, "skipped": f"needs m % {world} == 0"})
                 continue
             ts = t0 / v  # a rank's share of the model is split over its v stages
             mods = [(i, SyntheticStage(cfg["dim"], ts, ts, ts)) for i in stage_ids(name, rank, world, cfg["virtual_stages"])]
@@ -148,10 +148,10 @@ def _worker(rank: int, world: int, port: int, cfg: dict, q) -> None:
             dist.all_reduce(frac)
             frac /= world
             rows.append(
-                dict(schedule=name, pp=world, microbatches=m, stages_per_rank=v, measured=frac[0].item(),
-                     measured_minus_overhead=frac[1].item(), theory=bubble_fraction(name, world, m, v),
-                     step_ms=1000 * sum(walls) / len(walls), overhead_ms=1000 * t_over,
-                     ideal_busy_ms=1000 * 3 * m * t0)
+                {"schedule": name, "pp": world, "microbatches": m, "stages_per_rank": v, "measured": frac[0].item(),
+                     "measured_minus_overhead": frac[1].item(), "theory": bubble_fraction(name, world, m, v),
+                     "step_ms": 1000 * sum(walls) / len(walls), "overhead_ms": 1000 * t_over,
+                     "ideal_busy_ms": 1000 * 3 * m * t0}
             )
     if rank == 0:
         q.put(rows)
@@ -182,8 +182,8 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=16)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "pipeline.json"))
     a = ap.parse_args()
-    cfg = dict(microbatches=a.microbatches, schedules=a.schedules, stage_ms=a.stage_ms, virtual_stages=a.virtual_stages,
-               steps=a.steps, dim=a.dim)
+    cfg = {"microbatches": a.microbatches, "schedules": a.schedules, "stage_ms": a.stage_ms, "virtual_stages": a.virtual_stages,
+               "steps": a.steps, "dim": a.dim}
     rows = []
     for p in a.pp:
         rows += run(p, cfg)
@@ -200,7 +200,7 @@ def main() -> None:
         )
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(config=vars(a), torch=torch.__version__, rows=rows), indent=2))
+    out.write_text(json.dumps({"config": vars(a), "torch": torch.__version__, "rows": rows}, indent=2))
     print(f"wrote {out}")
 
 

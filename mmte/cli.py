@@ -8,7 +8,8 @@
     mmte predict  --config recipes/quickstart.yaml --ckpt_path best [--prediction_writer.output preds.json]
     mmte fit      --config recipes/quickstart.yaml --ckpt_path last          # resume
     mmte fit      --config recipes/quickstart.yaml --print_config            # the merged configuration
-    mmte modalities                                                          # registered modalities
+    mmte list [modalities|heads|presets|sources|strategies|recipes|fragments]  # names, one line each
+    mmte modalities                                                          # registered modalities (table)
     mmte convert  --from hf /path/to/bert --out bert.safetensors             # weights -> mmte file
     mmte export   --config recipes/quickstart.yaml --ckpt_path last.ckpt --format onnx --out model.onnx
     mmte env                                                                 # versions, device, CPU flags
@@ -40,6 +41,7 @@ import re
 import shutil
 import sys
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from .errors import MMTEError, UnknownNameError, UsageError, closest
@@ -58,7 +60,7 @@ __all__ = [  # noqa: F822 (MMTECLI: lazy)
 
 logger = logging.getLogger("mmte")
 
-_OVERVIEW = """usage: mmte {fit,validate,test,predict,modalities,convert,export,env} ... | mmte --version
+_OVERVIEW = """usage: mmte {fit,validate,test,predict,list,modalities,convert,export,env} ... | mmte --version
 
 Fine-tune Meta-Transformer-style multimodal models from recipe files.
 
@@ -69,7 +71,9 @@ commands:
   validate     evaluate a checkpoint on the validation split (--ckpt_path best | last | <file>)
   test         evaluate a checkpoint on the test split (--ckpt_path)
   predict      write predictions of a checkpoint to CSV/JSON (--ckpt_path, --prediction_writer.output)
-  modalities   list the registered modalities, their tokenizers and default heads
+  list         what mmte knows by name, one line each: mmte list [modalities|heads|presets|sources|
+               strategies|recipes|fragments]
+  modalities   the registered modalities as a table (tokenizer, default head, input)
   convert      turn timm / Hugging Face / Meta-Transformer weights into an mmte .safetensors file
   export       write a checkpoint's model as ONNX or a torch.export program, checked against eager
   env          versions (mmte, torch, lightning, timm, onnxruntime), device, CPU flags, threads
@@ -178,6 +182,15 @@ def _cli_class():
 
         def __init__(self, args: Any = None, run: bool = True, **kwargs: Any):
             self._argv = [str(a) for a in (sys.argv[1:] if args is None else args)] if not isinstance(args, dict) else []
+            # --print_config is answered after mmte's defaults are filled in (before_instantiate_classes), so it
+            # shows the logger, callbacks, checkpoint folder and precision a run really uses
+            self._print_config = any(a == "--print_config" or a.startswith("--print_config=") for a in self._argv)
+            if self._print_config:
+                self._argv = [a for a in self._argv if not (a == "--print_config" or a.startswith("--print_config="))]
+                if args is None:
+                    sys.argv = [sys.argv[0], *self._argv]
+                else:
+                    args = self._argv
             self._ckpt: dict[str, Any] | None = None  # the --ckpt_path checkpoint, loaded once (mmap)
             kwargs.setdefault("save_config_kwargs", {"overwrite": True})
             kwargs.setdefault("seed_everything_default", 0)
@@ -283,6 +296,7 @@ def _cli_class():
             from .training.threads import set_threads
 
             c = self._section()
+            _resolve_model_entries(c.model)
             set_threads(c.get("threads"), c.trainer.devices, c.trainer.accelerator)
             root = c.trainer.default_root_dir or os.path.join("runs", "mmte")
             c.trainer.default_root_dir = root
@@ -305,8 +319,24 @@ def _cli_class():
             if ckpt and init is not None and "state_from" in init and init.state_from is None:
                 init.state_from = ckpt
             _resolve_precision(c, self._argv)
+            if self._print_config:
+                self._print_effective_config(c)
             if self.subcommand in ("validate", "test", "predict") and not c.get("ckpt_path"):
                 _warn_untrained(self.subcommand, c.model)
+
+        def _print_effective_config(self, c) -> None:
+            """Print the merged configuration with what mmte adds (logger, callbacks, checkpoint folder, precision)
+            and stop, as ``--print_config`` does."""
+            from jsonargparse import Namespace
+
+            added = [cb for cb in self.trainer_defaults.get("callbacks", [])]
+            shown = [Namespace(class_path=f"{type(cb).__module__}.{type(cb).__qualname__}", init_args=Namespace(_init_args(cb)))
+                     for cb in added]
+            user = c.trainer.get("callbacks") or []
+            c.trainer.callbacks = shown + (list(user) if isinstance(user, list) else [user])
+            parser = self.parser._subcommands_action._name_parser_map[self.subcommand] if self.subcommand else self.parser
+            print(parser.dump(c, skip_none=False, skip_check=True), end="")
+            raise SystemExit(0)
 
         def _run_subcommand(self, subcommand: str) -> None:
             if self._ckpt is not None:
@@ -346,6 +376,48 @@ def __getattr__(name: str):
     if name == "MMTECLI":
         return _cli_class()
     raise AttributeError(name)
+
+
+def _init_args(obj: Any) -> dict[str, Any]:
+    """The constructor arguments of a callback that differ from their defaults (for ``--print_config``)."""
+    import inspect
+
+    out = {}
+    for name, p in inspect.signature(type(obj).__init__).parameters.items():
+        if name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        for attr in (name, f"_{name}"):
+            if hasattr(obj, attr):
+                v = getattr(obj, attr)
+                if isinstance(v, (int, float, str, bool, type(None))) and v != p.default:
+                    out[name] = v
+                break
+    return out
+
+
+def _resolve_model_entries(model: Any) -> None:
+    """Tokenizer and head entries given by ``class_path`` (jsonargparse parses them into Namespaces) become
+    plain dicts again, and every class path or registry name among them is resolved now: importing a user's
+    module (on PYTHONPATH) registers its modalities and heads before the data module looks them up."""
+    from .heads import get_head
+    from .registry import entry_from_class_path
+    from .tokenizers.registry import get_modality
+
+    if model is None or not hasattr(model, "get"):
+        return
+    for section, resolve in (("tokenizers", get_modality), ("heads", get_head)):
+        entries = model.get(section)
+        if not entries:
+            continue
+        plain = {k: _plain(v) for k, v in _plain(entries).items()}
+        for entry in plain.values():
+            init = entry.get("init_args") if isinstance(entry, dict) else None
+            if isinstance(init, dict) and "dim" in init and init["dim"] is None:
+                del init["dim"]  # jsonargparse lists the constructor's width; the backbone sets it
+            name = entry if isinstance(entry, str) else entry_from_class_path(entry).get("name") if isinstance(entry, Mapping) else None
+            if isinstance(name, str) and ("." in name or ":" in name):
+                resolve(name)
+        model[section] = plain
 
 
 def _resolve_precision(c: Any, argv: list[str] = ()) -> None:
@@ -445,7 +517,10 @@ def _check_checkpoint_fits(module: Any, ckpt: dict[str, Any], path: str) -> None
     sd = ckpt.get("state_dict") or {}
     if not sd or not hasattr(module, "_build"):
         return
-    meta = module._build(device="meta", with_weights=False)
+    from .training.module import quiet_model_logs
+
+    with quiet_model_logs():
+        meta = module._build(device="meta", with_weights=False)
     own = {f"model.{k}": tuple(v.shape) for k, v in meta.state_dict().items()}
     bad = [(k, tuple(v.shape), own[k]) for k, v in sd.items() if k in own and hasattr(v, "shape") and tuple(v.shape) != own[k]]
     if bad:
@@ -489,6 +564,8 @@ def _check_strategy(strategy: Any) -> None:
     if not isinstance(strategy, str) or strategy == "auto":
         return
     from lightning.pytorch.strategies import StrategyRegistry
+
+    from .training import strategy as _registers_mmte_strategies  # noqa: F401 - mmte, mmte_tp2, ... are registered on import
 
     known = ["auto", *StrategyRegistry.available_strategies()]
     if strategy not in known:
@@ -678,6 +755,118 @@ def modalities_table() -> str:
     return "\n".join(lines)
 
 
+#: ``mmte list`` sections, in the order ``mmte list`` prints them
+LIST_SECTIONS = ("modalities", "heads", "presets", "sources", "strategies", "recipes", "fragments")
+
+
+def _first_sentence(text: str, limit: int = 120) -> str:
+    """The first sentence of a docstring or YAML header (one line, at most ``limit`` characters)."""
+    one = " ".join(text.split())
+    m = re.search(r"(?<!e\.g)(?<!i\.e)\.\s", one)
+    one = one[: m.start()] if m else one.rstrip(".")
+    return one if len(one) <= limit else one[: limit - 3].rstrip() + "..."
+
+
+def _yaml_header(path: str) -> str:
+    """A YAML file's leading comment paragraph (its description)."""
+    lines = []
+    with open(path, encoding="utf-8") as fh:
+        for ln in fh:
+            if not ln.startswith("#"):
+                break
+            text = ln[1:].strip()
+            if not text:
+                if lines:
+                    break
+                continue
+            lines.append(text)
+    return " ".join(lines)
+
+
+def _doc(obj: Any) -> str:
+    import inspect
+
+    return inspect.getdoc(obj) or ""
+
+
+def _project_dir(name: str) -> str | None:
+    """``recipes`` / ``configs``: the folder under the current directory, else the one beside the mmte package
+    (an editable install of the repository)."""
+    here = os.path.join(os.getcwd(), name)
+    if os.path.isdir(here):
+        return here
+    beside = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), name)
+    return beside if os.path.isdir(beside) else None
+
+
+def _rel(path: str) -> str:
+    r = os.path.relpath(path)
+    return path if r.startswith("..") else r
+
+
+def list_entries(section: str) -> list[tuple[str, str]]:
+    """``(name, one-line description)`` rows of an ``mmte list`` section (see :data:`LIST_SECTIONS`)."""
+    if section == "modalities":
+        from .tokenizers.registry import MODALITIES
+
+        return [(n, f"{s.tokenizer.__name__}, default head {s.default_head.get('name')}: {(s.description or _first_sentence(_doc(s.tokenizer))).rstrip('.')}")
+                for n, s in MODALITIES.items()]
+    if section == "heads":
+        from .heads import HEADS
+
+        return [(n, f"{c.__name__} ({getattr(c, 'task', None) or 'no task'}): {_first_sentence(_doc(c))}") for n, c in HEADS.items()]
+    if section == "presets":
+        from .encoders.presets import PRESETS
+
+        return [(n, f"{c.num_layers} layers x {c.hidden_size}, {c.num_attention_heads} attention heads, MLP {c.ffn_hidden_size}")
+                for n, c in sorted(PRESETS.items())]
+    if section == "sources":
+        from .encoders.sources import BACKBONE_SOURCES
+
+        rows = [(n, desc) for n, (desc, _) in sorted(BACKBONE_SOURCES.items())]
+        return rows + [("timm:<name>", "a timm ViT from the Hugging Face cache, e.g. timm:vit_base_patch16_clip_224.openai"),
+                       ("hf:<org>/<name>", "a Hugging Face BERT / ViT / CLIP vision model from the cache, or hf:<local folder>"),
+                       ("open_clip:<arch>/<tag>", "an OpenCLIP vision tower (pip install 'mmte[open_clip]')"),
+                       ("<file>.safetensors", "an mmte convert output (it carries the backbone's shape)"),
+                       ("<file>.pth", "the Meta-Transformer release's encoder weights")]
+    if section == "strategies":
+        from lightning.pytorch.strategies import StrategyRegistry
+
+        from .training.strategy import PRESETS
+
+        rows = [(n, "mmte DP x TP x PP: " + (", ".join(f"{k}={v}" for k, v in kw.items()) or "FSDP2 over all ranks"))
+                for n, kw in PRESETS.items()]
+        return rows + [(n, f"Lightning: {StrategyRegistry[n].get('description', '')}") for n in StrategyRegistry.available_strategies()
+                       if n not in PRESETS]
+    if section in ("recipes", "fragments"):
+        root = _project_dir("recipes" if section == "recipes" else "configs")
+        if root is None:
+            return []
+        files = sorted(glob.glob(os.path.join(root, "*.yaml"))) if section == "recipes" else sorted(glob.glob(os.path.join(root, "*", "*.yaml")))
+        return [(_rel(f), _first_sentence(_yaml_header(f))) for f in files]
+    raise UnknownNameError("mmte list section", section, LIST_SECTIONS, "see mmte list --help")
+
+
+def list_main(argv: list[str]) -> int:
+    """``mmte list [section ...]``: registered and shipped names, one line each."""
+    p = argparse.ArgumentParser(prog="mmte list", description="List what mmte can use by name, one line each: "
+                                + ", ".join(LIST_SECTIONS) + " (default: all of them).")
+    p.add_argument("sections", nargs="*", metavar="section", help="one or more of: " + ", ".join(LIST_SECTIONS))
+    a = p.parse_args(argv)
+    for s in a.sections:
+        if s not in LIST_SECTIONS:
+            raise UnknownNameError("mmte list section", s, LIST_SECTIONS, "see mmte list --help")
+    sections = a.sections or list(LIST_SECTIONS)
+    for i, s in enumerate(sections):
+        rows = list_entries(s)
+        if len(sections) > 1:
+            print(("\n" if i else "") + f"{s}:")
+        w = max((len(n) for n, _ in rows), default=0)
+        indent = "  " if len(sections) > 1 else ""
+        print("\n".join(f"{indent}{n.ljust(w)}  {d}" for n, d in rows))
+    return 0
+
+
 def modalities_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="mmte modalities", description="List the registered modalities (built-ins and mmte.modalities plug-ins).")
     p.parse_args(argv)
@@ -816,11 +1005,11 @@ def export_main(argv: list[str]) -> int:
     """``mmte export``: see :func:`mmte.export.export_main`."""
     from .export import export_main as run
 
-    return run(argv)
+    return run(argv, _cli_class())
 
 
 #: extra (non-Lightning) subcommands: name -> main(argv) -> exit status
-COMMANDS = {"modalities": modalities_main, "convert": convert_main, "env": env_main, "export": export_main}
+COMMANDS = {"list": list_main, "modalities": modalities_main, "convert": convert_main, "env": env_main, "export": export_main}
 
 
 # ------------------------------------------------------------------------------------------ main
@@ -846,7 +1035,47 @@ def _setup_logging() -> None:
         mlog.setLevel(logging.INFO)
         mlog.propagate = False
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)  # "Seed set to 0" on every command
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")  # torch<->lightning noise
+    _quiet_library_noise()
+
+
+#: Library messages a user of ``mmte`` can do nothing about: (category, message regex, module regex). Each is
+#: hidden by an exact filter, so any other warning of the same libraries still shows.
+_NOISE_WARNINGS = (
+    # lightning 2.6 calls torch's deprecated isinstance(spec, LeafSpec) on every step
+    (FutureWarning, r"`isinstance\(treespec, LeafSpec\)` is deprecated", r"lightning\.pytorch\.utilities\._pytree"),
+    # the model summary's size estimate under bf16-mixed (mmte's precision: auto picks it)
+    (UserWarning, r"Precision \S+ is not supported by the model summary", r"lightning\.pytorch\.utilities\.model_summary"),
+    # epoch-level logs under data parallelism: mmte logs rank-local training losses (evaluation losses are averaged over ranks)
+    (None, r"It is recommended to use `self\.log\('(train|val|test)_", r"lightning\.pytorch\.trainer\.connectors\.logger_connector\.result"),
+)
+#: (logger, message prefix) of library log records hidden the same way.
+_NOISE_LOGS = (
+    # torchao registers its Enums as pytree constants at import; torch 2.14 deprecates that (torchao's business)
+    ("torch.utils._pytree", "<enum "),
+    # Lightning's advertisement for its cloud logger
+    ("lightning.pytorch.utilities.rank_zero", "💡 Tip: For seamless cloud logging"),
+)
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, prefix: str, contains: str = ""):
+        super().__init__()
+        self.prefix, self.contains = prefix, contains
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not (msg.startswith(self.prefix) and self.contains in msg)
+
+
+def _quiet_library_noise() -> None:
+    """Install the filters of :data:`_NOISE_WARNINGS` and :data:`_NOISE_LOGS` (once)."""
+    for category, message, module in _NOISE_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category or Warning, module=module)
+    for name, prefix in _NOISE_LOGS:
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessages) and f.prefix == prefix for f in log.filters):
+            contains = "is an Enum subclass and is now natively supported" if name == "torch.utils._pytree" else ""
+            log.addFilter(_DropMessages(prefix, contains))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -883,6 +1112,9 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as e:
         print(f"mmte: {e}", file=sys.stderr, flush=True)
         return e.code
+    except BrokenPipeError:  # `mmte list | head`: the reader left; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except SystemExit as e:  # --help, --print_config, argparse in modalities/convert
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     except BaseException as e:

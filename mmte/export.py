@@ -183,12 +183,14 @@ def export(model: nn.Module, batch: Mapping[str, Any], path: str | os.PathLike, 
 
 
 # ------------------------------------------------------------------------------------------- CLI
-def _build_from_recipe(rest: list[str], ckpt: str | None):
-    """The recipe's LightningModule (checkpoint weights loaded) and its DataModule set up for predict."""
-    from .cli import MMTECLI
+def _build_from_recipe(rest: list[str], ckpt: str | None, cli_class: type):
+    """The recipe's LightningModule (checkpoint weights loaded) and its DataModule set up for predict.
 
+    ``cli_class`` is the command line's LightningCLI (:class:`mmte.cli.MMTECLI`), handed in by the
+    command so this module stays below the CLI.
+    """
     root = tempfile.mkdtemp(prefix="mmte-export-")
-    cli = MMTECLI(args=[*rest, "--trainer.default_root_dir", root, "--trainer.logger", "false"], run=False)
+    cli = cli_class(args=[*rest, "--trainer.default_root_dir", root, "--trainer.logger", "false"], run=False)
     module, dm = cli.model, cli.datamodule
     module.configure_model()
     if ckpt:
@@ -209,8 +211,11 @@ def _real_batch(dm, n: int) -> dict[str, Any]:
     return dm._collate([ds[i % len(ds)] for i in range(n)])
 
 
-def export_main(argv: list[str]) -> int:
-    """``mmte export``: recipe + checkpoint -> ONNX or ``torch.export`` file, checked against eager."""
+def export_main(argv: list[str], cli_class: type) -> int:
+    """``mmte export``: recipe + checkpoint -> ONNX or ``torch.export`` file, checked against eager.
+
+    ``cli_class`` parses the recipe options (:class:`mmte.cli.MMTECLI`; :func:`mmte.cli.export_main` passes it).
+    """
     p = argparse.ArgumentParser(
         prog="mmte export",
         description="Export a recipe's model (with a checkpoint's weights) to ONNX or a torch.export program and check "
@@ -228,7 +233,7 @@ def export_main(argv: list[str]) -> int:
     _check_args(a.format, a.out, a.opset)
     if a.batch_size < 2:
         raise ValueError(f"--batch_size must be >= 2 (a batch of 1 would fix the batch dimension); got {a.batch_size}")
-    module, dm = _build_from_recipe(rest, a.ckpt_path)
+    module, dm = _build_from_recipe(rest, a.ckpt_path, cli_class)
     res = export(module.model, _real_batch(dm, a.batch_size), a.out, a.format, opset=a.opset)
     print(res.summary())
     return 0

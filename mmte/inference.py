@@ -65,9 +65,9 @@ def _batch_size(args: tuple, kwargs: Mapping[str, Any]) -> int | None:
 
 
 def _backbones(model: nn.Module) -> list[nn.Module]:
-    from .encoders import Backbone
+    from .te.stack import TransformerStack
 
-    return [m for m in model.modules() if isinstance(m, Backbone)]
+    return [m for m in model.modules() if isinstance(m, TransformerStack)]
 
 
 class InferenceModel(nn.Module):

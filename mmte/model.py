@@ -82,9 +82,7 @@ Meta-device construction: ``MetaTransformer(..., device="meta")`` allocates noth
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import logging
-import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -92,149 +90,43 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import heads as heads_mod
-from .encoders import Backbone, BackboneConfig, Encoder, load_state_dict_file, meta_transformer_to_mmte
+from .encoders import Backbone, BackboneConfig, Encoder, load_state_dict_file
+from .encoders.weights import load_backbone_state, normalize_backbone_keys
 from .heads import Head
-from .tokenizers.base import TokenSeq
-from .tokenizers.registry import get_modality
+from .lora import DEFAULT_LORA_TARGETS, LoRA, apply_lora
+from .model_parts import (
+    FREEZE_POLICIES,
+    FUSIONS,
+    ModalityEmbedding,
+    build_backbone,
+    build_head,
+    build_tokenizer,
+    freeze_parameters,
+    join_sequences,
+    touch_unused,
+)
+from .model_stages import PipelineStages
+from .seq import TokenSeq
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FUSIONS", "LoRA", "MetaTransformer", "ModalityEmbedding", "apply_lora", "create_model", "load_backbone_state", "normalize_backbone_keys"]
-
-FUSIONS = ("single", "joint", "separate")
-FREEZE_POLICIES = ("backbone", "tokenizers", "none")
-DEFAULT_LORA_TARGETS = ("layers.*.self_attention.layernorm_qkv.linear", "layers.*.self_attention.proj")
-
-
-class LoRA(nn.Module):
-    """A low-rank adapter ``scale * B A x`` for one Linear (``A`` [r, in], ``B`` [out, r])."""
-
-    def __init__(self, in_features: int, out_features: int, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0):
-        super().__init__()
-        if not isinstance(rank, int) or rank < 1:
-            raise ValueError(f"LoRA rank must be a positive int; got {rank!r}")
-        self.rank, self.alpha, self.scale = rank, alpha, alpha / rank
-        self.A = nn.Parameter(torch.empty(rank, in_features))
-        self.B = nn.Parameter(torch.empty(out_features, rank))
-        self.dropout = nn.Dropout(dropout)
-        if self.A.device.type != "meta":
-            self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))
-        nn.init.zeros_(self.B)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (self.dropout(x) @ self.A.t().to(x.dtype)) @ self.B.t().to(x.dtype) * self.scale
+# LoRA, the part builders and the backbone-weight loaders live in mmte.lora, mmte.model_parts and
+# mmte.encoders.weights; their names are re-exported here
+__all__ = [
+    "DEFAULT_LORA_TARGETS",
+    "FREEZE_POLICIES",
+    "FUSIONS",
+    "LoRA",
+    "MetaTransformer",
+    "ModalityEmbedding",
+    "apply_lora",
+    "create_model",
+    "load_backbone_state",
+    "normalize_backbone_keys",
+]
 
 
-def _lora_hook(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
-    return output + module.lora(inputs[0])
-
-
-def apply_lora(backbone: nn.Module, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0, targets: Sequence[str] | None = None) -> list[str]:
-    """Attach :class:`LoRA` adapters to the ``nn.Linear`` modules of ``backbone`` matching ``targets``.
-
-    Returns:
-        the adapted module names.
-
-    Raises:
-        ValueError: when a target glob matches no Linear.
-    """
-    targets = list(targets or DEFAULT_LORA_TARGETS)
-    done = []
-    for pattern in targets:
-        hits = [(n, m) for n, m in backbone.named_modules() if isinstance(m, nn.Linear) and fnmatch.fnmatch(n, pattern)]
-        if not hits:
-            raise ValueError(f"LoRA target {pattern!r} matches no Linear in the backbone (e.g. 'layers.*.layernorm_mlp.fc1')")
-        for n, m in hits:
-            if hasattr(m, "lora"):
-                continue
-            m.lora = LoRA(m.in_features, m.out_features, rank, alpha, dropout).to(device=m.weight.device)
-            m.register_forward_hook(_lora_hook)
-            done.append(n)
-    logger.info("added LoRA (rank %d) to %d backbone Linears", rank, len(done))
-    return done
-
-
-_PREFIXES = ("model.backbone.", "backbone.", "module.", "encoder.", "blocks.")
-
-
-def _adapter_or_state(key: str) -> bool:
-    """Keys a pretrained file does not carry: LoRA adapters and FP8 scaling state."""
-    return ".lora." in key or key.rsplit(".", 1)[-1].startswith("fp8_")
-
-
-def normalize_backbone_keys(sd: Mapping[str, torch.Tensor], num_attention_heads: int) -> dict[str, torch.Tensor]:
-    """mmte backbone keys from a file's keys: a common prefix (``model.backbone.``, ``backbone.``,
-    ``module.``, ``encoder.``, ``blocks.``) is dropped and Meta-Transformer release keys
-    (``0.attn.qkv.weight``...) are converted."""
-    sd = dict(sd)
-    for prefix in _PREFIXES:
-        if sd and all(k.startswith(prefix) for k in sd):
-            sd = {k[len(prefix) :]: v for k, v in sd.items()}
-    if any(k.startswith("0.attn.") for k in sd):
-        sd = meta_transformer_to_mmte(sd, num_attention_heads)
-    return sd
-
-
-def load_backbone_state(backbone: Backbone, sd: Mapping[str, torch.Tensor], source: str = "the file") -> int:
-    """Load pretrained weights into ``backbone`` strictly, whatever its layout.
-
-    ``backbone`` may be whole or a pipeline stage's part of one, with plain or DTensor (TP/FSDP)
-    parameters; each rank copies its slices out of the full tensors. Keys are normalised first
-    (:func:`normalize_backbone_keys`). LoRA adapters and FP8 scaling state are not expected in the file.
-
-    Returns:
-        the number of tensors loaded.
-
-    Raises:
-        ValueError: missing or unexpected keys, or shapes that differ, listing them.
-    """
-    from .parallel.materialize import copy_full
-
-    sd = normalize_backbone_keys(sd, backbone.config.num_attention_heads)
-    with torch.device("meta"):
-        full = {k: v for k, v in Backbone(backbone.config).state_dict().items() if not _adapter_or_state(k)}
-    own = {k: v for k, v in backbone.state_dict(keep_vars=True).items() if not _adapter_or_state(k)}
-    missing, unexpected = sorted(set(own) - set(sd)), sorted(set(sd) - set(full))
-    shapes = [f"{k}: expected {tuple(full[k].shape)}, got {tuple(sd[k].shape)}" for k in sd if k in full and full[k].shape != sd[k].shape]
-    if missing or unexpected or shapes:
-        raise ValueError(
-            f"backbone weights {source} do not fit the {backbone.config.num_layers}x{backbone.config.hidden_size} backbone: "
-            f"missing {missing[:8]}{' ...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}, "
-            f"shapes {shapes[:8]}"
-        )
-    for k, t in own.items():
-        copy_full(t, sd[k].to(device=t.device if t.device.type != "meta" else "cpu"))
-    return len(own)
-
-
-class ModalityEmbedding(nn.Module):
-    """Learned modality-type embeddings ``weight`` [M, D] for joint fusion."""
-
-    def __init__(self, names: Sequence[str], dim: int):
-        super().__init__()
-        self.names = list(names)
-        self.weight = nn.Parameter(torch.empty(len(self.names), dim))
-        if self.weight.device.type != "meta":
-            self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        nn.init.trunc_normal_(self.weight, std=0.02)
-
-    def forward(self, name: str) -> torch.Tensor:
-        return self.weight[self.names.index(name)]
-
-
-def _as_list(x: str | Sequence[str] | None) -> list[str] | None:
-    if x is None:
-        return None
-    return [x] if isinstance(x, str) else list(x)
-
-
-class MetaTransformer(nn.Module):
+class MetaTransformer(PipelineStages, nn.Module):
     """Tokenizers by modality -> a shared backbone -> heads by task. See the module docstring."""
 
     def __init__(
@@ -266,13 +158,16 @@ class MetaTransformer(nn.Module):
         self._pipeline_io: dict[str, Any] = {}
         ctx = torch.device(device) if device is not None else contextlib.nullcontext()
         with ctx:
-            self.backbone = self._build_backbone(backbone, backbone_weights)
+            self.backbone = build_backbone(backbone, backbone_weights)
             dim = self.backbone.hidden_size
             self.dim = dim
-            self.modality_names: dict[str, str | None] = {}
-            self.tokenizers = nn.ModuleDict({k: self._build_tokenizer(k, v, dim) for k, v in tokenizers.items()})
+            built = {k: build_tokenizer(k, v, dim) for k, v in tokenizers.items()}
+            self.modality_names: dict[str, str | None] = {k: name for k, (_, name) in built.items()}
+            self.tokenizers = nn.ModuleDict({k: tok for k, (tok, _) in built.items()})
             self.modality_embed = ModalityEmbedding(list(tokenizers), dim) if fusion == "joint" else None
-            self.heads = nn.ModuleDict({k: self._build_head(k, v, dim) for k, v in (heads or {}).items()})
+            self.heads = nn.ModuleDict(
+                {k: build_head(k, v, dim, modality_names=self.modality_names, fusion=fusion) for k, v in (heads or {}).items()}
+            )
         if isinstance(backbone_weights, (str, os.PathLike)):
             self._backbone_weights = os.fspath(backbone_weights)
             if not any(p.is_meta for p in self.backbone.parameters()):
@@ -283,72 +178,7 @@ class MetaTransformer(nn.Module):
         self.freeze_policy = freeze
         self.freeze(freeze)
 
-    # ------------------------------------------------------------------------------------ building
-    @staticmethod
-    def _build_backbone(backbone, weights) -> Backbone:
-        if isinstance(weights, Backbone):
-            backbone = weights
-        if isinstance(backbone, Encoder):
-            backbone = backbone.backbone
-        if isinstance(backbone, Backbone):
-            return backbone
-        if isinstance(backbone, (str, BackboneConfig)):
-            return Backbone(backbone)
-        raise TypeError(f"backbone must be a preset name, BackboneConfig, Backbone or Encoder; got {type(backbone).__name__}")
-
-    def _build_tokenizer(self, key: str, spec, dim: int) -> nn.Module:
-        self.modality_names[key] = None
-        if isinstance(spec, nn.Module):
-            tok = spec
-        elif isinstance(spec, str):
-            tok = get_modality(spec).create(dim)
-            self.modality_names[key] = spec
-        elif isinstance(spec, Mapping):
-            cfg = dict(spec)
-            name = cfg.pop("name", key)
-            tok = get_modality(name).create(dim, **cfg)
-            self.modality_names[key] = name
-        else:
-            raise TypeError(f"tokenizer for {key!r} must be a registry name, a config dict or an nn.Module; got {type(spec).__name__}")
-        if getattr(tok, "dim", dim) != dim:
-            raise ValueError(f"tokenizer {key!r} has dim {tok.dim} but the backbone's hidden size is {dim}")
-        return tok
-
-    def _build_head(self, name: str, spec, dim: int) -> Head:
-        if name == "loss":
-            raise ValueError("a head may not be named 'loss' (the total loss's key)")
-        if isinstance(spec, nn.Module):
-            head, inputs, target, weight = spec, getattr(spec, "inputs", None) or None, getattr(spec, "target", "label"), 1.0
-        elif isinstance(spec, Mapping):
-            cfg = dict(spec)
-            if "name" not in cfg:
-                ins = _as_list(cfg.get("inputs")) or list(self.tokenizers)
-                reg = self.modality_names.get(ins[0]) if len(ins) == 1 else None
-                if reg is None:
-                    raise ValueError(f"head {name!r} needs a 'name' (one of {heads_mod.list_heads()}); got {spec!r}")
-                cfg = {**get_modality(reg).default_head, **cfg}  # the modality's default head
-            kind = cfg.pop("name")
-            inputs, weight = _as_list(cfg.pop("inputs", None)), float(cfg.pop("weight", 1.0))
-            has_target = "target" in cfg
-            target = cfg.pop("target", None)
-            cls = heads_mod.get_head(kind)
-            if getattr(cls, "multi_input", False):
-                cfg.setdefault("modalities", inputs or list(self.tokenizers))
-                inputs = list(cfg["modalities"])
-            head = heads_mod.create(kind, dim, **cfg)
-            if not has_target:
-                target = head.default_target
-        else:
-            raise TypeError(f"head {name!r} must be a config dict or an nn.Module; got {type(spec).__name__}")
-        inputs = inputs or list(self.tokenizers)
-        unknown = [m for m in inputs if m not in self.tokenizers]
-        if unknown:
-            raise ValueError(f"head {name!r} reads {unknown}, which are not among the tokenizers {list(self.tokenizers)}")
-        if self.fusion == "separate" and not getattr(head, "multi_input", False) and len(inputs) != 1:
-            raise ValueError(f"with fusion='separate' head {name!r} must read one modality; got inputs {inputs}")
-        head.inputs, head.target, head.loss_weight = inputs, target, weight
-        return head
-
+    # ------------------------------------------------------------------------------------ weights
     def load_backbone_weights(self, path: str | os.PathLike | None = None) -> None:
         """Load backbone weights (mmte or Meta-Transformer-release keys) strictly, LoRA adapters aside."""
         path = path or self._backbone_weights
@@ -359,22 +189,9 @@ class MetaTransformer(nn.Module):
 
     # ---------------------------------------------------------------------------- freezing, init
     def freeze(self, policy: str | Sequence[str]) -> list[str]:
-        """Apply a freeze policy; returns the names of the trainable parameters."""
-        if isinstance(policy, str):
-            if policy not in FREEZE_POLICIES:
-                raise ValueError(f"freeze must be one of {FREEZE_POLICIES} or a list of globs; got {policy!r}")
-            globs = {"backbone": ["backbone.*"], "tokenizers": ["tokenizers.*", "modality_embed.*"], "none": []}[policy]
-            keep = ["*.lora.*"] if policy == "backbone" else []
-        elif isinstance(policy, Sequence) and all(isinstance(g, str) for g in policy):
-            globs, keep = list(policy), []
-        else:
-            raise ValueError(f"freeze must be one of {FREEZE_POLICIES} or a list of globs; got {policy!r}")
-        for n, p in self.named_parameters():
-            frozen = any(fnmatch.fnmatch(n, g) for g in globs) and not any(fnmatch.fnmatch(n, g) for g in keep)
-            p.requires_grad_(not frozen)
+        """Apply a freeze policy (:func:`mmte.model_parts.freeze_parameters`); returns the trainable parameters' names."""
+        names = freeze_parameters(self, policy)
         self.freeze_policy = policy
-        names = self.trainable_parameter_names()
-        logger.info("freeze=%r: %d/%d parameter tensors trainable", policy, len(names), len(list(self.parameters())))
         return names
 
     def trainable_parameter_names(self) -> list[str]:
@@ -407,18 +224,7 @@ class MetaTransformer(nn.Module):
         return seqs
 
     def _joint(self, seqs: Mapping[str, TokenSeq]) -> TokenSeq:
-        bs = {m: s.batch_size for m, s in seqs.items()}
-        if len(set(bs.values())) != 1:
-            raise ValueError(f"joint fusion needs one batch size for all modalities; got {bs}")
-        tokens, masks, segments, start = [], [], {}, 0
-        for m, s in seqs.items():
-            tokens.append(s.tokens + self.modality_embed(m).to(s.tokens.dtype))
-            masks.append(s.full_mask())
-            segments[m] = (start, start + s.num_tokens)
-            start += s.num_tokens
-        first = next(iter(seqs.values()))
-        mask = None if all(s.mask is None for s in seqs.values()) else torch.cat(masks, 1)
-        return TokenSeq(torch.cat(tokens, 1), mask, first.num_prefix_tokens, extras={"segments": segments, "sequences": dict(seqs)})
+        return join_sequences(seqs, self.modality_embed)
 
     def forward_backbone(self, seqs: Mapping[str, TokenSeq]) -> dict[str, tuple[torch.Tensor, TokenSeq]]:
         """Run the backbone: ``{modality: (hidden [B, N, D], seq)}``, or ``{"joint": ...}``."""
@@ -459,7 +265,7 @@ class MetaTransformer(nn.Module):
         seqs = self.forward_tokens(batch)
         out = self.forward_heads(self.forward_backbone(seqs))
         if self.touch_unused and torch.is_grad_enabled() and out:
-            out = self._touch_unused(out, set(seqs))
+            out = touch_unused(self, out, set(seqs))
         return out
 
     def inference(self, dtype: str = "auto", compile: bool = False, **kwargs: Any) -> nn.Module:
@@ -468,119 +274,6 @@ class MetaTransformer(nn.Module):
         from .inference import optimize
 
         return optimize(self, dtype, compile, **kwargs)
-
-    def _touch_unused(self, out: dict[str, Any], present: set[str]) -> dict[str, Any]:
-        unused = [p for m, t in self.tokenizers.items() if m not in present for p in t.parameters() if p.requires_grad]
-        unused += [p for n, h in self.heads.items() if n not in out for p in h.parameters() if p.requires_grad]
-        if not unused:
-            return out
-        zero = torch.stack([p.sum() for p in unused]).sum() * 0.0
-        name = next(iter(out))
-        o = out[name]
-        if isinstance(o, torch.Tensor):
-            out[name] = o + zero.to(o.dtype)
-        elif isinstance(o, dict):
-            k = next(k for k, v in o.items() if isinstance(v, torch.Tensor) and v.is_floating_point())
-            o = dict(o)
-            o[k] = o[k] + zero.to(o[k].dtype)
-            out[name] = o
-        return out
-
-    # ---------------------------------------------------------------------------------- pipeline
-    def _first_stage(self, batch: Mapping[str, Any]) -> dict[str, Any]:
-        if self.fusion == "separate":
-            raise ValueError("pipeline parallel runs one token sequence per sample: fusion 'single' or 'joint', not 'separate'")
-        seqs = self.forward_tokens(batch)
-        seq = self._joint(seqs) if self.fusion == "joint" else next(iter(seqs.values()))
-        key = "joint" if self.fusion == "joint" else next(iter(seqs))
-        mask = seq.full_mask()
-        if not bool(mask[:, seq.num_prefix_tokens :].any(1).all()) and mask.shape[1] > seq.num_prefix_tokens:
-            raise ValueError("every sample needs at least one real (unmasked) token after its prefix tokens; got a fully padded sample")
-        extras = {k: v for k, v in seq.extras.items() if k != "sequences"}
-        side = {"key": key, "mask": mask, "num_prefix_tokens": seq.num_prefix_tokens, "positions": seq.positions, "extras": extras}
-        return {"x": seq.tokens, "seq": side}
-
-    def pipeline_boundary(self, batch: Mapping[str, Any]) -> str:
-        """The structure of what the stages pass each other for ``batch`` (see
-        :mod:`mmte.parallel.boundary`); computed on the first stage's rank and shared by the strategy."""
-        from .parallel.boundary import structure
-
-        with torch.no_grad():
-            return structure(self._first_stage(batch))
-
-    def forward_stage(self, *inputs: torch.Tensor, batch: Mapping[str, Any] | None = None) -> tuple[torch.Tensor, ...]:
-        """One pipeline stage: this module is a pruned view (tokenizers on the first stage, heads on the
-        last, some backbone layers on each; see :func:`mmte.parallel.pipeline_split`).
-
-        * first stage: ``batch``, the microbatch's modality inputs; tokenizes (single or joint fusion);
-        * every stage runs the backbone layers it holds; all but the last pass on the hidden states and
-          the token sequence's side information (mask, prefix tokens, extras) as tensors
-          (:func:`mmte.parallel.boundary.pack`; their structure, :meth:`pipeline_boundary`, is in
-          ``_pipeline_io["boundary"]``);
-        * the last stage applies the heads and returns their outputs flattened; :meth:`pipeline_loss`
-          and :meth:`pipeline_unflatten` read them back. Targets reach the loss through the schedule's
-          ``target`` (:func:`mmte.parallel.boundary.pack_rows`), not through the stages.
-        """
-        from torch.utils._pytree import tree_flatten
-
-        from .parallel.boundary import pack, structure, unpack
-
-        first, last = self.tokenizers is not None, self.heads is not None
-        known = self._pipeline_io.get("boundary")
-        if first:
-            if not isinstance(batch, Mapping):
-                raise TypeError(f"the first pipeline stage takes the batch dict as batch=...; got {type(batch).__name__}")
-            tree = self._first_stage(batch)
-            if known is not None and structure(tree) != known:
-                raise ValueError(
-                    "pipeline parallel needs every microbatch to have the same structure (modalities present, mask, extras); "
-                    "this one differs from the first"
-                )
-        else:
-            if known is None:
-                raise RuntimeError("pipeline stage boundary structure unknown: MMTEStrategy shares it before the first step")
-            tree = unpack(inputs, known)
-        side = tree["seq"]
-        mask = side["mask"]
-        x = self.backbone(tree["x"], None if bool(mask.all()) else mask)
-        if not last:
-            return pack({"x": x, "seq": side})
-        # shape inference runs this on uninitialised tensors: a row without a real token there (the first
-        # stage refuses such rows in real batches) means "no padding"
-        npre = side["num_prefix_tokens"]
-        if mask.shape[1] > npre:
-            mask = mask | ~mask[:, npre:].any(1, keepdim=True)
-        seq = TokenSeq(x, None if bool(mask.all()) else mask, side["num_prefix_tokens"], side.get("positions"), dict(side["extras"]))
-        out = self.forward_heads({side["key"]: (x, seq)})
-        flat, spec = tree_flatten(out)
-        self._pipeline_io["out_spec"] = spec
-        return tuple(flat)
-
-    def pipeline_unflatten(self, flat: Sequence[torch.Tensor] | torch.Tensor) -> dict[str, Any]:
-        """The heads' outputs from the last stage's (possibly microbatch-merged) output."""
-        from torch.utils._pytree import tree_unflatten
-
-        spec = self._pipeline_io.get("out_spec")
-        if spec is None:
-            raise RuntimeError("no pipeline output structure recorded: the last stage has not run yet on this rank")
-        flat = [flat] if isinstance(flat, torch.Tensor) else list(flat)
-        return tree_unflatten(flat, spec)
-
-    def pipeline_targets(self, batch: Mapping[str, Any]) -> torch.Tensor:
-        """The batch's per-sample tensors other than the modalities (targets, ids) packed into the one
-        ``uint8 [B, bytes]`` tensor the schedule splits into microbatches for :meth:`pipeline_loss`."""
-        from .parallel.boundary import pack_rows
-
-        carry = {k: v for k, v in batch.items() if k not in self.modality_names and isinstance(v, torch.Tensor) and v.dim() > 0}
-        rows, self._pipeline_io["targets"] = pack_rows(carry)
-        return rows
-
-    def pipeline_loss(self, output: Sequence[torch.Tensor], target: torch.Tensor) -> torch.Tensor:
-        """The loss of one microbatch: the last stage's output and the microbatch's rows of
-        :meth:`pipeline_targets`."""
-        from .parallel.boundary import unpack_rows
-
-        return self.loss(self.pipeline_unflatten(output), unpack_rows(target, self._pipeline_io["targets"]))["loss"]
 
     def loss(self, outputs: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         """Each head's loss against ``batch[head.target]`` and their weighted sum under ``"loss"``."""

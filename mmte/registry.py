@@ -3,18 +3,55 @@
 from __future__ import annotations
 
 import fnmatch
+import importlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar
 
-from .errors import UnknownNameError, UsageError
+from .errors import UnknownNameError, UsageError, known_and_closest
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-__all__ = ["Registry"]
+__all__ = ["Registry", "entry_from_class_path", "import_object"]
+
+
+def import_object(path: str) -> Any:
+    """The object a dotted path names: ``package.module.Name`` or ``package.module:Name``.
+
+    Returns None when ``path`` is not a dotted path or its module does not exist (so the caller can report
+    an unknown name); an error raised while importing an existing module propagates.
+    """
+    if not isinstance(path, str) or ("." not in path and ":" not in path) or path.startswith(".") or " " in path:
+        return None
+    mod, _, attr = path.replace(":", ".").rpartition(".")
+    try:
+        module = importlib.import_module(mod)
+    except ModuleNotFoundError as e:
+        if e.name and (mod == e.name or mod.startswith(e.name + ".")):
+            return None  # that module is not on the path (PYTHONPATH)
+        raise
+    if not hasattr(module, attr):
+        known = [n for n, v in vars(module).items() if isinstance(v, type) and getattr(v, "__module__", None) == module.__name__]
+        raise UsageError(f"{path}: module {mod} has no {attr!r}", known_and_closest(attr, known), f"fix the class path (defined in {module.__file__})")
+    return getattr(module, attr)
+
+
+def entry_from_class_path(entry: Any) -> Any:
+    """A recipe entry ``{class_path: pkg.mod.Class, init_args: {...}, **rest}`` -> ``{name: pkg.mod.Class,
+    **init_args, **rest}`` (the registries resolve a dotted name by importing it); other values unchanged."""
+    if not isinstance(entry, Mapping) or "class_path" not in entry:
+        return entry
+    out = {k: v for k, v in entry.items() if k not in ("class_path", "init_args")}
+    if "name" in out:
+        raise UsageError(f"a recipe entry has both name {out['name']!r} and class_path {entry['class_path']!r}",
+                         "expected one of them", "drop name (class_path names the class)")
+    init = entry.get("init_args") or {}
+    if not isinstance(init, Mapping):
+        raise UsageError(f"init_args of {entry['class_path']} is {init!r}", "expected a mapping of constructor options", "write init_args: {option: value}")
+    return {"name": entry["class_path"], **init, **out}
 
 
 class Registry(Generic[T]):
@@ -45,7 +82,7 @@ class Registry(Generic[T]):
             key = name or getattr(o, "name", None) or getattr(o, "__name__", None)
             if not isinstance(key, str) or not key:
                 raise ValueError(f"cannot register {o!r} as a {self.kind}: no name given")
-            self._before_register()
+            self._before_register(o)
             if key in self._items and self._items[key] is not o and not override:
                 raise UsageError(
                     f"{self.kind} {key!r} is already registered by {self._source(self._items[key])}; {self._source(o)} registers it again",
@@ -57,8 +94,8 @@ class Registry(Generic[T]):
 
         return add(obj) if obj is not None else add
 
-    def _before_register(self) -> None:
-        """Hook run before every registration (the modality registry imports its built-ins here)."""
+    def _before_register(self, obj: Any) -> None:
+        """Hook run before registering ``obj`` (the modality registry imports its built-ins here)."""
 
     def _source(self, obj: Any) -> str:
         """Where ``obj`` comes from, for messages: ``module.QualName``."""
@@ -113,9 +150,29 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T:
         self._load_entry_points()
-        if name not in self._items:
+        key = self.resolve_path(name)
+        if key is None:
             raise UnknownNameError(self.kind, name, self._items)
-        return self._items[name]
+        return self._items[key]
+
+    def resolve_path(self, path: str) -> str | None:
+        """The registered name of the object a dotted path (``package.module.Class``) names, importing its
+        module; an object registered by that import (a decorated class) keeps its own name, another one is
+        registered under ``path``. None when ``path`` names nothing importable."""
+        if path in self._items:
+            return path
+        obj = import_object(path)
+        if obj is None:
+            return None
+        for key, item in self._items.items():
+            if item is obj or getattr(item, "tokenizer", None) is obj:
+                return key
+        item = self._from_entry_point(path, obj)
+        if item is None:
+            return None
+        self.register(path, item)
+        logger.info("registered %s %s from its class path", self.kind, path)
+        return path
 
     def create(self, name: str, *args: Any, **kwargs: Any) -> Any:
         factory = self.get(name)

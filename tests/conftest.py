@@ -12,11 +12,26 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+def in_ci() -> bool:
+    """True under CI (``.ci/run`` sets ``CI=true``), where missing data is a failure, not a skip."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def need_data(path: Path, what: str) -> Path:
+    """``path`` if it exists; otherwise skip the calling test (a developer's checkout without ../shared/data),
+    or fail it under CI, where the data must be there."""
+    path = Path(path)
+    if path.exists():
+        return path.resolve()
+    msg = f"{what} not found at {path} (see ../shared/data/README.md)"
+    if in_ci():
+        pytest.fail(f"{msg}; CI=true, so this is a failure, not a skip")
+    pytest.skip(msg)
+
+
 @pytest.fixture
 def shared_data() -> Path:
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"shared data folder not found at {SHARED_DATA}")
-    return SHARED_DATA
+    return need_data(SHARED_DATA, "the shared data folder")
 
 
 @pytest.fixture(autouse=True)

@@ -25,10 +25,9 @@ FAST = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summar
 
 @pytest.fixture(scope="module")
 def fsdd() -> Path:
-    d = ROOT / ".." / "shared" / "data" / "fsdd" / "recordings"
-    if not d.is_dir():
-        pytest.skip(f"FSDD recordings not found at {d}")
-    return d.resolve()
+    from tests.conftest import need_data
+
+    return need_data(ROOT / ".." / "shared" / "data" / "fsdd" / "recordings", "FSDD recordings")
 
 
 def test_help_lists_commands(capsys):
@@ -46,9 +45,9 @@ def test_modalities_table(capsys):
     assert lines[0].split()[:3] == ["modality", "tokenizer", "default"]
     rows = {ln.split()[0]: ln for ln in lines[2:]}
     assert set(rows) == set(list_modalities())
-    for name in rows:
+    for name, row in rows.items():
         spec = get_modality(name)
-        assert spec.tokenizer.__name__ in rows[name] and spec.default_head["name"] in rows[name]
+        assert spec.tokenizer.__name__ in row and spec.default_head["name"] in row
 
 
 def test_convert_hf_folder_roundtrip(tmp_path, capsys):
@@ -223,7 +222,8 @@ def test_resume_after_sigkill_matches_uninterrupted(tmp_path):
               "--model.backbone_weights", str(src), "--model.freeze", "backbone"]
 
     def run(root, *extra):
-        return subprocess.run([*common, "--trainer.default_root_dir", str(root), *extra], env=env, capture_output=True, text=True, timeout=600)
+        return subprocess.run([*common, "--trainer.default_root_dir", str(root), *extra], env=env, capture_output=True, text=True, timeout=600,
+                              check=False)
 
     a = run(tmp_path / "a")
     assert a.returncode == 0, a.stderr[-2000:]

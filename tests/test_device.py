@@ -36,11 +36,28 @@ def test_info_and_memory_api_on_cpu():
     assert device.memory_allocated("cpu") == 0 and device.max_memory_allocated("cpu") == 0
 
 
-def test_manual_seed_is_reproducible():
+def test_manual_seed_seeds_cpu_and_every_accelerator(monkeypatch):
+    """The CPU stream equals a fresh generator seeded alike (and differs for another seed); each available
+    accelerator backend gets manual_seed_all(seed), an unavailable one nothing."""
+    calls = []
+
+    class FakeBackend:
+        def __init__(self, name, available):
+            self.name, self.available = name, available
+
+        def is_available(self):
+            return self.available
+
+        def manual_seed_all(self, seed):
+            calls.append((self.name, seed))
+
+    fakes = {"cuda": FakeBackend("cuda", True), "musa": FakeBackend("musa", False)}
+    monkeypatch.setattr(device, "_backend_module", lambda t: fakes.get(t))
     device.manual_seed(3)
     a = torch.rand(3)
-    device.manual_seed(3)
-    assert torch.equal(a, torch.rand(3))
+    assert torch.equal(a, torch.rand(3, generator=torch.Generator().manual_seed(3)))
+    assert not torch.equal(a, torch.rand(3, generator=torch.Generator().manual_seed(4)))
+    assert calls == [("cuda", 3)]
 
 
 def test_unknown_device_type():

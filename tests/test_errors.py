@@ -40,7 +40,8 @@ def fx(tmp_path_factory) -> Path:
     """A folder of small bad inputs shared by the rows (and one trained tabular checkpoint)."""
     d = tmp_path_factory.mktemp("bad")
     (d / "header_only.csv").write_text("a,b,target\n")
-    rows = "".join(f"{i % 7},{(i * 3) % 5},{'xy'[i % 2]}\n" for i in range(12))
+    # two numeric columns (40 rows: one bad value is a stray, not a sign of a categorical column)
+    rows = "".join(f"{i * 0.37:.2f},{(i * 3) % 5 + 0.25 * i:.2f},{'xy'[i % 2]}\n" for i in range(40))
     (d / "nan_label.csv").write_text("a,b,target\n" + rows + "3,4,\n")
     (d / "big.csv").write_text("a,b,target\n" + rows + "1e300,2,x\n")
     (d / "inf.csv").write_text("a,b,target\n" + rows + "2,-inf,y\n")
@@ -124,10 +125,10 @@ ROWS: dict[str, tuple[list[str], int, str]] = {
                        "or drop it"),
     "unknown_modality": _row(["fit", *QUICK, "--model.tokenizers", "{image: {name: imag}}"], 2,
                          "unknown modality 'imag', expected one of audio, graph, hyperspectral, image, imu, infrared, point_cloud, tabular, "
-                         "text, time_series, video, xray (did you mean 'image'?), see mmte modalities"),
+                         "text, time_series, video, xray (did you mean 'image'?), see mmte list modalities (to add one: docs/extending.md)"),
     "unknown_head": _row(["fit", *QUICK, "--model.heads", "{digit: {name: clasification}}"], 2,
                      "unknown head 'clasification', expected one of classification, contrastive, forecasting, regression, token (did you mean "
-                     "'classification'?), set the head's name: to one of them"),
+                     "'classification'?), set the head's name: to one of them (new heads: see docs/extending.md)"),
     "unknown_preset": _row(["fit", *QUICK, "--model.backbone", "tinyy"], 2,
                        "unknown backbone preset 'tinyy', expected one of meta-transformer-b16, meta-transformer-l14, minilm-l6, small, tiny, "
                        "vit-b16 (did you mean 'tiny'?), set model.backbone to one of them"),
@@ -149,27 +150,19 @@ ROWS: dict[str, tuple[list[str], int, str]] = {
              "ParallelDims.tp must be an int >= 1; got 0"),
     "val_fraction_1.5": _row(["fit", *QUICK, "--data.init_args.val_fraction", "1.5"], 2, "val_fraction must be in [0, 1); got 1.5"),
     "header_only_csv": _row(["fit", *WINE, "--data.init_args.path", "{fx}/header_only.csv"], 2,
-                        "table {fx}/header_only.csv has a header (a, b, target) but no data rows, expected at least one row below the header, "
-                        "point path at a file with data"),
+                           "path '{fx}/header_only.csv' has a header but no rows; expected at least one data row"),
     "csv_empty_label": _row(["fit", *WINE, "--data.init_args.path", "{fx}/nan_label.csv"], 2,
-                        "table {fx}/nan_label.csv: row 12 has no 'target' (None; 1 unlabelled row(s) in all), expected a class in every row, "
-                        "fill in or drop those rows"),
+                           "train nan_label.csv row 40 (line 42), column 'target': the label is empty or NaN (1 such row(s)); fill it, or set missing_label: drop to skip such rows"),
     "csv_1e300": _row(["fit", *WINE, "--data.init_args.path", "{fx}/big.csv"], 2,
-                  "table {fx}/big.csv: row 12, column 'a' is 1e+300 (beyond float32's range (|x| <= 3.4e38), it would become inf; 1 such "
-                  "value(s) in all), expected finite numbers (an empty cell is a missing value), fix or drop those rows, or rescale the column"),
+                     "big.csv row 40 (line 42), column 'a': '1e300' is beyond float32's range (|x| <= 3.4e38), but 30 of 31 training values are; fix the value, list 'a' under categorical, or set bad_value: missing"),
     "csv_inf": _row(["fit", *WINE, "--data.init_args.path", "{fx}/inf.csv"], 2,
-                "table {fx}/inf.csv: row 12, column 'b' is -inf (not finite; 1 such value(s) in all), expected finite numbers (an empty cell is "
-                "a missing value), fix or drop those rows, or rescale the column"),
+                   "inf.csv row 40 (line 42), column 'b': '-inf' is not a finite number, but 30 of 31 training values are; fix the value, list 'b' under categorical, or set bad_value: missing"),
     "ett_too_short": _row(["fit", *ETT, "--data.init_args.path", "{fx}/ett_short.csv"], 2,
-                      "{fx}/ett_short.csv has 50 rows: its train part (rows 0..35, 35 rows) is too short for one window of input_len 96 + "
-                      "horizon 24, expected at least 120 rows per part (borders [0, 35, 40, 50]), use a longer file, a smaller "
-                      "--data.init_args.input_len / horizon, or set borders"),
+                         "the training part of '{fx}/ett_short.csv' (rows 0-34, 35 rows) is shorter than input_len + horizon = 192; use a longer file, other fractions/borders, or a shorter window"),
     "ett_nan": _row(["fit", *ETT, "--data.init_args.path", "{fx}/ett_nan.csv"], 2,
-                "{fx}/ett_nan.csv: row 130, column 'b' is nan (not finite; 1 such value(s) in all), expected finite numbers, fix or drop those "
-                "rows, or rescale the column"),
+                   "path '{fx}/ett_nan.csv' row 130 (line 132), column 'b': 'nan' is not a finite number; fill or drop such rows (1 cell(s) in all)"),
     "ett_text_column": _row(["fit", *ETT, "--data.init_args.path", "{fx}/ett_text.csv"], 2,
-                        "re:{fx}/ett_text.csv: column 'b' is not numeric \\(.*\\), expected numeric columns besides the time column, select "
-                        "numeric columns with columns: \\[...\\] or set time_column"),
+                           "path '{fx}/ett_text.csv' row 7 (line 9), column 'b': 'high' is not a finite number; fill or drop such rows (1 cell(s) in all)"),
     "wav_nan_sample": _row(["fit", *FSDD, "--data.init_args.data_dir", "{fx}/wavs", "--data.init_args.val_regex", "_[01]\\.wav$"], 2,
                        "audio file {fx}/wavs/1_x_9.wav has a non-finite sample (nan) at index 1234 of 4000 (1 in all), expected finite "
                        "samples, replace or drop the file, or set on_corrupt: skip to drop such files"),
@@ -191,10 +184,7 @@ ROWS: dict[str, tuple[list[str], int, str]] = {
                             "with this default_root_dir, run mmte fit first, or pass --ckpt_path <file>"),
     "checkpoint_other_class_count": _row(["validate", *WINE, "--data.init_args.path", "{fx}/wine4.csv", "--ckpt_path",
                                       "{fx}/wine_run/checkpoints/best.ckpt"], 2,
-                                     "checkpoint {fx}/wine_run/checkpoints/best.ckpt does not fit this model: model.heads.cultivar.mlp.1.weight "
-                                     "is [3, 64] in the checkpoint but [4, 64] here (and 1 more); it was trained on data with num_classes=3, "
-                                     "expected the recipe and data the checkpoint was trained with (e.g. the same classes), point --data at that "
-                                     "data, or train a new model on this data with mmte fit"),
+                                        "val wine4.csv row 0 (line 2), column 'target': label '3' is not a class of the training split (['0', '1', '2']); remove the row, or train with that class"),
     "model_flag_disagrees_with_checkpoint": _row(["validate", *WINE, "--ckpt_path", "{fx}/wine_run/checkpoints/best.ckpt", "--model.freeze",
                                               "backbone"], 2,
                                              "--model.freeze is 'backbone' but the checkpoint {fx}/wine_run/checkpoints/best.ckpt was trained "

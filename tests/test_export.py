@@ -28,9 +28,10 @@ def trained(tmp_path_factory) -> Path:
 
 def _eager_and_batch(ckpt: Path, n: int):
     """The checkpoint's model in eval mode and n real digits (the rows the export did not see first)."""
+    from mmte.cli import MMTECLI
     from mmte.export import _build_from_recipe
 
-    module, dm = _build_from_recipe(COMMON, str(ckpt))
+    module, dm = _build_from_recipe(COMMON, str(ckpt), MMTECLI)
     ds = dm.datasets[dm.predict_split]
     batch = dm._collate([ds[i] for i in range(20, 20 + n)])
     return module.model.eval(), batch

@@ -3,7 +3,6 @@ default head on a tiny backbone, at two realistic input sizes."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 

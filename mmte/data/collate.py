@@ -45,9 +45,9 @@ def stack_same(tensors: Sequence[torch.Tensor], what: str) -> torch.Tensor:
 def collate_batch(samples: Sequence[Mapping[str, Any]], collates: Mapping[str, Callable[[list[Any]], Any]] | None = None) -> dict[str, Any]:
     """Collate a list of ``{modality: sample, target_key: value}`` dicts into the model's batch format.
 
-    Modalities are collated with ``collates[key]`` (by default the registry's collate for registered
-    modality names); other keys are stacked (tensors) or turned into tensors (numbers).
-    Every sample must have the same keys.
+    Keys are collated with ``collates[key]``; keys without one are stacked (tensors) or turned into
+    tensors (numbers). Every sample must have the same keys. (The modality registry's collates by
+    batch key: :func:`mmte.tokenizers.registry.collate_modalities`.)
     """
     if not samples:
         raise ValueError("cannot collate an empty list of samples")
@@ -60,11 +60,6 @@ def collate_batch(samples: Sequence[Mapping[str, Any]], collates: Mapping[str, C
     for k in keys:
         vals = [s[k] for s in samples]
         fn = collates.get(k)
-        if fn is None:
-            from ..tokenizers.registry import MODALITIES
-
-            if k in MODALITIES:
-                fn = MODALITIES.get(k).collate_fn
         if fn is not None:
             out[k] = fn(vals)
         elif isinstance(vals[0], torch.Tensor):

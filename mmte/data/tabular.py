@@ -226,6 +226,15 @@ def _not_finite(cell: Any) -> str:
     return "is beyond float32's range (|x| <= 3.4e38)" if math.isfinite(x) else "is not a finite number"
 
 
+def _not_number(cell: Any) -> str:
+    """Why a cell does not count as a number, for messages (text, or a float32-unsafe value)."""
+    try:
+        float(str(cell).strip())
+    except ValueError:
+        return "is not a number"
+    return _not_finite(cell)
+
+
 def category_key(v: Any) -> str:
     """A cell as a category name: text stripped, integral floats without ``.0`` (``3.0`` -> ``"3"``)."""
     if isinstance(v, (float, np.floating)) and math.isfinite(v) and float(v).is_integer():
@@ -321,7 +330,7 @@ class TableSchema:
                     if self.bad_value == "error":
                         i = int(np.flatnonzero(bad)[0])
                         raise ValueError(
-                            f"{describe_row(frame, i)}, column {c!r}: {_cell(frame[c].iloc[i])} is not a number, but {n_present - n_bad} of {n_present} "
+                            f"{describe_row(frame, i)}, column {c!r}: {_cell(frame[c].iloc[i])} {_not_number(frame[c].iloc[i])}, but {n_present - n_bad} of {n_present} "
                             f"training values are; fix the value, list {c!r} under categorical, or set bad_value: missing"
                         )
                     numeric.append(c)

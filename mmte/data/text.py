@@ -52,10 +52,11 @@ def collate_text(samples: Sequence[torch.Tensor], pad_token_id: int = 0) -> dict
     return {"input_ids": ids, "attention_mask": mask}
 
 
-_WORDS = (
-    "the transformer reads every modality as a sequence of tokens and one shared encoder turns them into "
-    "features that small heads map to labels while the encoder itself stays frozen during training"
-).split()
+_WORDS = [
+    "the", "transformer", "reads", "every", "modality", "as", "a", "sequence", "of", "tokens", "and", "one",
+    "shared", "encoder", "turns", "them", "into", "features", "that", "small", "heads", "map", "to",
+    "labels", "while", "the", "encoder", "itself", "stays", "frozen", "during", "training",
+]
 
 
 def example_text(size: int, seed: int, vocab_size: int = 1000) -> torch.Tensor:

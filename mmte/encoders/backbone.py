@@ -23,7 +23,7 @@ from dataclasses import asdict
 import torch
 from torch import nn
 
-from ..te import Linear, TELayer, TransformerLayer, fuse, make_norm, te_available
+from ..te import Linear, TELayer, TransformerLayer, TransformerStack, fuse, make_norm, te_available
 from ..te.backend import BACKENDS
 from .presets import BackboneConfig, get_preset
 
@@ -34,8 +34,8 @@ __all__ = ["FUSIONS", "Backbone"]
 FUSIONS = ("compile", "kernels")
 
 
-class Backbone(nn.Module):
-    """A stack of :class:`~mmte.te.TransformerLayer` with optional pre/final norms.
+class Backbone(TransformerStack):
+    """A stack of :class:`~mmte.te.TransformerLayer` with optional pre/final norms (a :class:`~mmte.te.TransformerStack`).
 
     Args:
         config: a :class:`BackboneConfig` or a preset name (``"meta-transformer-b16"``, ``"tiny"``, ...).
@@ -73,7 +73,7 @@ class Backbone(nn.Module):
         self.config = config
         self.backend = backend
         c = config
-        kw = dict(params_dtype=params_dtype, device=device)
+        kw = {"params_dtype": params_dtype, "device": device}
         self.norm_pre = make_norm(c.normalization, c.hidden_size, c.layernorm_epsilon, **kw) if c.pre_norm else None
         layer_cls = TELayer if backend == "te" else TransformerLayer
         dpr = [c.drop_path_rate * i / max(c.num_layers - 1, 1) for i in range(c.num_layers)]
@@ -164,12 +164,11 @@ class Backbone(nn.Module):
             raise ValueError(
                 f"Backbone parameters are {p.dtype} but tokens are {x.dtype}; cast the tokens or run under autocast"
             )
-        if mask is not None:
-            if mask.dtype != torch.bool or tuple(mask.shape) != tuple(x.shape[:2]):
-                raise ValueError(
-                    f"padding mask must be bool [B, N] = {tuple(x.shape[:2])} (True = real token); "
-                    f"got {mask.dtype} {tuple(mask.shape)}"
-                )
+        if mask is not None and (mask.dtype != torch.bool or tuple(mask.shape) != tuple(x.shape[:2])):
+            raise ValueError(
+                f"padding mask must be bool [B, N] = {tuple(x.shape[:2])} (True = real token); "
+                f"got {mask.dtype} {tuple(mask.shape)}"
+            )
 
     def lowp_dtype(self, x: torch.Tensor) -> torch.dtype | None:
         """The dtype the low-precision path runs ``x`` in, or None to run as is.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..tokenizers.base import TokenSeq
+from ..seq import TokenSeq
 from .backbone import Backbone
 
 __all__ = ["Encoder"]

@@ -259,8 +259,11 @@ def safetensors_config(path: str | os.PathLike) -> BackboneConfig | None:
         return None
     from safetensors import safe_open
 
-    with safe_open(path, framework="pt") as f:
-        meta = f.metadata() or {}
+    try:
+        with safe_open(path, framework="pt") as f:
+            meta = f.metadata() or {}
+    except Exception:  # noqa: BLE001 - a malformed file: loading it later names the file and the reason
+        return None
     if "config" not in meta:
         return None
     try:

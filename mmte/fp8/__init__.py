@@ -13,7 +13,7 @@ a model's backbone linears. Typical use::
 
 from .autocast import autocast, get_fp8_context, is_fp8_enabled, update_scales
 from .convert import convert, default_filter, freeze_fp8_weights, weight_memory
-from .formats import E4M3, E5M2, E8M0_DTYPE, FP8Dtype, Format, cast_to_fp8, get_format
+from .formats import E4M3, E5M2, E8M0_DTYPE, Format, FP8Dtype, cast_to_fp8, get_format
 from .gemm import fp8_gemm, is_available, scaled_mm_capable, select_gemm
 from .linear import ROLES, FP8Linear
 from .quantize import (

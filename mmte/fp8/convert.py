@@ -1,7 +1,7 @@
 """``mmte.fp8.convert``: swap a model's GEMM modules for :class:`~mmte.fp8.FP8Linear`.
 
 By default only the shared backbone's linears are converted (QKV, attention projection, fc1, up, fc2 of
-every layer of each :class:`~mmte.encoders.Backbone` in the model), and only those whose sizes are
+every layer of each backbone, :class:`~mmte.te.TransformerStack`, in the model), and only those whose sizes are
 multiples of 16; tokenizers and heads stay in high precision (they are small, and their inputs or
 outputs — pixels, logits — are where precision matters most). Converted modules share the original
 parameter objects, so conversion works on the meta device and before or after building an optimizer;
@@ -38,9 +38,9 @@ def default_filter(fqn: str, module: nn.Module) -> bool:
 
 
 def _backbone_prefixes(model: nn.Module) -> list[str]:
-    from ..encoders.backbone import Backbone
+    from ..te.stack import TransformerStack
 
-    return [name for name, m in model.named_modules() if isinstance(m, Backbone)]
+    return [name for name, m in model.named_modules() if isinstance(m, TransformerStack)]
 
 
 def _set_submodule(model: nn.Module, fqn: str, new: nn.Module) -> None:
@@ -52,7 +52,7 @@ def _set_submodule(model: nn.Module, fqn: str, new: nn.Module) -> None:
 def convert(
     model: nn.Module,
     recipe: Recipe | str | None = None,
-    filter: FilterFn | None = None,  # noqa: A002 - the issue's argument name
+    filter: FilterFn | None = None,
     *,
     inference: bool = False,
 ) -> nn.Module:

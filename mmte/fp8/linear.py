@@ -283,6 +283,11 @@ class FP8Linear(Linear):
             scale = jit
         return quantize_tensorwise(t, fmt, scale)
 
+    @staticmethod
+    def _fp8_check_round(modules: list[FP8Linear]) -> None:
+        """:func:`check_bad_amax` after an update round (``mmte.fp8.autocast`` calls it on the modules it updated)."""
+        check_bad_amax(modules)
+
     @torch.no_grad()
     def _fp8_update(self, recipe: Recipe, roles: tuple[int, ...]) -> None:
         """Push the pending amaxes of ``roles`` into the history and recompute their scales."""

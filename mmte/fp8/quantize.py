@@ -107,7 +107,7 @@ def scale_from_amax(a: torch.Tensor, fp8_max: float, margin: int = 0, power_2: b
     ok = torch.isfinite(a) & (a > 0) & torch.isfinite(s)
     s = torch.where(ok, s, torch.ones_like(s))
     if power_2:
-        mant, exp = torch.frexp(s)  # s = mant * 2^exp, mant in [0.5, 1)
+        _mant, exp = torch.frexp(s)  # s = mant * 2^exp, mant in [0.5, 1)
         s = torch.ldexp(torch.ones_like(s), exp - 1)
     return s
 

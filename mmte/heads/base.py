@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..tokenizers.base import TokenSeq
+from ..seq import TokenSeq
 
 __all__ = ["POOLINGS", "Head", "masked_pool"]
 
@@ -55,10 +55,15 @@ class Head(nn.Module):
         inputs: the modalities (batch keys) the head reads; set by :class:`mmte.model.MetaTransformer`.
         target: the batch key holding its target (None when it needs none).
         multi_input: whether the head reads several separately-encoded modalities.
+        task: ``"classification"``, ``"regression"``, ``"forecasting"``, ``"token"``, ``"contrastive"`` or None:
+            which metrics the trainer logs and which options the data fills in (a subclass of a built-in head
+            inherits its task).
     """
 
     multi_input: bool = False
     default_target: str | None = "label"
+    #: the built-in task whose metrics and data-filled options (``num_classes``...) apply; subclasses inherit it
+    task: str | None = None
 
     def __init__(self, dim: int):
         super().__init__()

@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..tokenizers.base import TokenSeq
+from ..seq import TokenSeq
 from .base import POOLINGS, Head, masked_pool
+from .registry import register_head
 
 __all__ = ["ClassificationHead", "ContrastiveHead", "ForecastingHead", "RegressionHead", "TokenHead", "info_nce", "pool_sequence"]
 
@@ -40,6 +41,7 @@ def pool_sequence(hidden: torch.Tensor, seq: TokenSeq | None, pool: str) -> torc
     return out
 
 
+@register_head("classification")
 class ClassificationHead(Head):
     """Pool the sequence, then LayerNorm + Linear (or a one-hidden-layer MLP) -> logits ``[B, C]``.
 
@@ -55,6 +57,8 @@ class ClassificationHead(Head):
         norm: LayerNorm before the classifier.
         label_smoothing: cross-entropy label smoothing.
     """
+
+    task = "classification"
 
     def __init__(
         self,
@@ -84,6 +88,7 @@ class ClassificationHead(Head):
         return F.cross_entropy(output, target.long(), label_smoothing=self.label_smoothing)
 
 
+@register_head("regression")
 class RegressionHead(Head):
     """Pool, then LayerNorm + Linear -> ``[B, out_dim]``; loss ``"mse"``, ``"l1"`` or ``"huber"``.
 
@@ -94,6 +99,8 @@ class RegressionHead(Head):
         hidden: optional MLP hidden width.
         loss_type: ``"mse"``, ``"l1"`` or ``"huber"``.
     """
+
+    task = "regression"
 
     LOSSES = ("mse", "l1", "huber")
 
@@ -118,6 +125,7 @@ class RegressionHead(Head):
         return fn(output, target)
 
 
+@register_head("forecasting")
 class ForecastingHead(Head):
     """Multi-step forecasting from channel-independent patch tokens (PatchTST's flatten head).
 
@@ -134,6 +142,8 @@ class ForecastingHead(Head):
         dropout: dropout before the projection.
         loss_type: ``"mse"`` or ``"l1"``.
     """
+
+    task = "forecasting"
 
     default_target = "target"
 
@@ -173,6 +183,7 @@ class ForecastingHead(Head):
         return (F.mse_loss if self.loss_type == "mse" else F.l1_loss)(output, target.to(output.dtype))
 
 
+@register_head("token")
 class TokenHead(Head):
     """Per-token prediction (per point group, per patch, per word): LayerNorm + Linear on every token
     after the prefix -> ``[B, N - prefix, C]``. Targets ``[B, N - prefix]`` hold ``ignore_index`` at
@@ -183,6 +194,8 @@ class TokenHead(Head):
         num_classes: classes per token.
         ignore_index: target value that is skipped by the loss.
     """
+
+    task = "token"
 
     default_target = "token_labels"
 
@@ -214,6 +227,7 @@ def info_nce(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor) -> tor
     return 0.5 * (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels))
 
 
+@register_head("contrastive")
 class ContrastiveHead(Head):
     """Cross-modal retrieval (CLIP-style): a projection per modality, L2 normalisation, a learnable
     logit scale (stored as its log, clamped to ``max_logit_scale``), symmetric InfoNCE.
@@ -229,6 +243,8 @@ class ContrastiveHead(Head):
         init_logit_scale: initial temperature inverse (CLIP: 1/0.07).
         max_logit_scale: clamp of the scale (CLIP: 100).
     """
+
+    task = "contrastive"
 
     multi_input = True
     default_target = None

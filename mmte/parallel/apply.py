@@ -137,7 +137,13 @@ def _layers(parts: Sequence[nn.Module]) -> list[nn.Module]:
 
 
 def apply_activation_checkpointing(parts: Sequence[nn.Module]) -> int:
-    """Recompute every backbone layer in backward (non-reentrant ``torch.utils.checkpoint``); FQNs unchanged."""
+    """Recompute every backbone layer in backward (non-reentrant ``torch.utils.checkpoint``); FQNs unchanged.
+
+    Not torch's composable ``torch.distributed._composable.checkpoint``: on a layer that FSDP2 also
+    shards (with TP) its recompute desynchronises the ranks' collectives (gloo: "Received data size
+    doesn't match expected size", in ``tests/parallel/test_parallel.py``'s dp2_tp2 run); nor
+    ``checkpoint_wrapper``, which renames the layers' FQNs.
+    """
     from torch.utils.checkpoint import checkpoint
 
     n = 0

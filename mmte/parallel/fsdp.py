@@ -176,7 +176,7 @@ def apply_ddp(module: nn.Module, dp_mesh, config: DDPConfig | None = None, devic
     cfg = config or DDPConfig()
     if any(hasattr(p, "_spec") for p in module.parameters()):
         raise ValueError("DDP cannot replicate DTensor (tensor-parallel) parameters; use FSDP2/HSDP with tp > 1")
-    kwargs = dict(bucket_cap_mb=cfg.bucket_cap_mb, static_graph=cfg.static_graph, find_unused_parameters=cfg.find_unused_parameters)
+    kwargs = {"bucket_cap_mb": cfg.bucket_cap_mb, "static_graph": cfg.static_graph, "find_unused_parameters": cfg.find_unused_parameters}
     if device is not None and torch.device(device).type not in ("cpu", "meta"):
         kwargs["device_id"] = torch.device(device)
     replicate(module, device_mesh=dp_mesh, **kwargs)

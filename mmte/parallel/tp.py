@@ -32,6 +32,8 @@ import logging
 import torch
 from torch import nn
 
+from ..te.stack import find_stacks
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["apply_tp", "find_backbones", "glob_matches", "pad_for_sequence_parallel", "tp_plan"]
@@ -42,14 +44,9 @@ def _norm_types() -> tuple[type, ...]:
 
 
 def find_backbones(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``(fqn, module)`` of every :class:`~mmte.encoders.Backbone` in ``model`` (outermost only)."""
-    from ..encoders import Backbone
-
-    found: list[tuple[str, nn.Module]] = []
-    for name, mod in model.named_modules():
-        if isinstance(mod, Backbone) and not any(name.startswith(f + ".") or f == "" for f, _ in found):
-            found.append((name, mod))
-    return found
+    """``(fqn, module)`` of every backbone (:class:`~mmte.te.TransformerStack`, e.g. an
+    :class:`~mmte.encoders.Backbone`) in ``model``, outermost only."""
+    return find_stacks(model)
 
 
 def glob_matches(module: nn.Module, glob: str) -> list[str]:
@@ -149,8 +146,8 @@ def tp_plan(backbone: nn.Module, *, sequence_parallel: bool = False) -> dict:
                 plan[glob] = SequenceParallel(use_local_output=True)
         first, last = f"layers.{layers[0]}", f"layers.{layers[-1]}"
         # a layer is called as layer(x, mask): slice x along the sequence, leave the (full) mask alone
-        cut = dict(input_layouts=(Replicate(), None), desired_input_layouts=(Shard(1), None), use_local_input=True)
-        gather = dict(output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True)
+        cut = {"input_layouts": (Replicate(), None), "desired_input_layouts": (Shard(1), None), "use_local_input": True}
+        gather = {"output_layouts": Shard(1), "desired_output_layouts": Replicate(), "use_local_output": True}
         if first == last:
             plan[first] = PrepareModuleInputOutput(**cut, **gather)
         else:

@@ -12,6 +12,7 @@ from .layernorm_linear import LayerNormLinear
 from .layernorm_mlp import ACTIVATIONS, LayerNormMLP, activation_fn
 from .linear import Linear
 from .norm import LayerNorm, RMSNorm, make_norm
+from .stack import TransformerStack, find_stacks
 from .transformer import DropPath, LayerScale, TransformerLayer
 
 __all__ = [
@@ -29,12 +30,14 @@ __all__ = [
     "RMSNorm",
     "TELayer",
     "TransformerLayer",
+    "TransformerStack",
     "activation_fn",
-    "triton_ops",
     "expand_padding_mask",
+    "find_stacks",
     "fuse",
     "is_fused",
     "make_norm",
     "te_available",
+    "triton_ops",
     "unfuse",
 ]

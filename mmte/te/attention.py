@@ -227,7 +227,7 @@ class MultiheadAttention(nn.Module):
         self.num_attention_heads = num_attention_heads
         self.kv_channels = kv_channels
         inner = num_attention_heads * kv_channels
-        kw = dict(params_dtype=params_dtype, device=device)
+        kw = {"params_dtype": params_dtype, "device": device}
         self.layernorm_qkv = LayerNormLinear(
             hidden_size,
             3 * inner,

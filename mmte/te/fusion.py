@@ -38,7 +38,7 @@ def compile_supported() -> tuple[bool, str]:
         import importlib
 
         importlib.import_module("torch._dynamo")
-    except Exception as e:  # pragma: no cover
+    except Exception as e:  # noqa: BLE001  # pragma: no cover - any import failure means no compile, reported
         return False, f"torch._dynamo does not import: {e}"
     return True, ""
 

@@ -83,7 +83,7 @@ class LayerNormMLP(nn.Module):
         self.act = activation_fn(activation)  # validates the name
         self.activation = activation
         self.hidden_size, self.ffn_hidden_size = hidden_size, ffn_hidden_size
-        kw = dict(params_dtype=params_dtype, device=device)
+        kw = {"params_dtype": params_dtype, "device": device}
         self.norm = make_norm(normalization, hidden_size, eps, zero_centered_gamma=zero_centered_gamma, **kw)
         self.fc1 = Linear(hidden_size, ffn_hidden_size, bias, init_method=init_method, **kw)
         self.up = Linear(hidden_size, ffn_hidden_size, bias, init_method=init_method, **kw) if activation in GATED_ACTIVATIONS else None

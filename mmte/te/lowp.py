@@ -43,7 +43,9 @@ def cast_param(p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return p
     if (p.requires_grad and torch.is_grad_enabled()) or type(p.data) is not torch.Tensor or torch.compiler.is_compiling():
         return p.to(dtype)
-    key = (dtype, p.device, p.data_ptr(), p._version)
+    # an inference tensor (made under torch.inference_mode, e.g. weights loaded while predicting) has no
+    # version counter; it cannot be changed in place outside inference mode, so its address identifies it
+    key = (dtype, p.device, p.data_ptr(), -1 if p.is_inference() else p._version)
     hit = getattr(p, _ATTR, None)
     if hit is not None and hit[0] == key:
         return hit[1]

@@ -94,7 +94,7 @@ def make_norm(
     """Build ``"LayerNorm"``, ``"RMSNorm"`` or (``None``) an ``nn.Identity``."""
     if normalization is None:
         return nn.Identity()
-    kw = dict(zero_centered_gamma=zero_centered_gamma, params_dtype=params_dtype, device=device)
+    kw = {"zero_centered_gamma": zero_centered_gamma, "params_dtype": params_dtype, "device": device}
     if normalization == "LayerNorm":
         return LayerNorm(hidden_size, eps, **kw)
     if normalization == "RMSNorm":

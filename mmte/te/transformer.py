@@ -134,7 +134,7 @@ class TransformerLayer(nn.Module):
         self.hidden_size = hidden_size
         self.layer_norm_position = layer_norm_position
         pre = layer_norm_position == "pre"
-        kw = dict(params_dtype=params_dtype, device=device)
+        kw = {"params_dtype": params_dtype, "device": device}
         common = dict(zero_centered_gamma=zero_centered_gamma, init_method=init_method, output_layer_init_method=output_layer_init_method, **kw)
         self.self_attention = MultiheadAttention(
             hidden_size,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..data.audio import collate_audio, example_audio, preprocess_audio
 from .base import ModalityTokenizer, TokenSeq, prepend_cls
 from .registry import register_modality
 
@@ -70,6 +71,16 @@ def utterance_norm(fbank: torch.Tensor, frames: torch.Tensor | None = None, per_
     return (fbank - mean) / (var + eps).sqrt() * m
 
 
+@register_modality(
+    "audio",
+    preprocess=preprocess_audio,
+    collate=collate_audio,
+    default_head={"name": "classification", "pool": "mean"},
+    example=example_audio,
+    example_config={"max_frames": 128},
+    variable_length=True,
+    description="log-mel fbank {fbank [B, T, 128], frames [B]} (or waveforms): AST 16x16 patches, stride 10",
+)
 class AudioTokenizer(ModalityTokenizer):
     """Fbank ``[B, T, F]`` (or waveform ``[B, S]``) -> ``[cls] + T' * F'`` patch tokens.
 
@@ -231,22 +242,3 @@ class AudioTokenizer(ModalityTokenizer):
             mask = real_t[:, :, None].expand(b, tg, self.freq_grid).flatten(1)
         x, mask = prepend_cls(None if self.cls_token is None else self.cls_token + self.cls_pos, x, mask)
         return TokenSeq(x, mask, self.num_prefix_tokens, extras={"grid_size": (tg, self.freq_grid)})
-
-
-def _register() -> None:
-    from ..data.audio import collate_audio, example_audio, preprocess_audio
-
-    register_modality(
-        "audio",
-        tokenizer=AudioTokenizer,
-        preprocess=preprocess_audio,
-        collate=collate_audio,
-        default_head={"name": "classification", "pool": "mean"},
-        example=example_audio,
-        example_config={"max_frames": 128},
-        variable_length=True,
-        description="log-mel fbank {fbank [B, T, 128], frames [B]} (or waveforms): AST 16x16 patches, stride 10",
-    )
-
-
-_register()

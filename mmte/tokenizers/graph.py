@@ -11,12 +11,23 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..data.graph import collate_graphs, example_graph, preprocess_graph
 from .base import ModalityTokenizer, TokenSeq, prepend_cls
 from .registry import register_modality
 
 __all__ = ["GraphTokenizer"]
 
 
+@register_modality(
+    "graph",
+    preprocess=preprocess_graph,
+    collate=collate_graphs,
+    default_head={"name": "classification", "pool": "cls"},
+    example=example_graph,
+    example_config={"node_dim": 4, "edge_dim": 2, "num_eigvecs": 8},
+    variable_length=True,
+    description="graphs {node_features, edge_index, eigvecs, num_nodes, num_edges[, edge_features]}: TokenGT node + edge tokens",
+)
 class GraphTokenizer(ModalityTokenizer):
     """Padded graphs -> ``[cls] + N + E`` node and edge tokens.
 
@@ -45,7 +56,7 @@ class GraphTokenizer(ModalityTokenizer):
     ):
         super().__init__(dim)
         self.node_dim, self.edge_dim, self.num_eigvecs, self.sign_flip = node_dim, edge_dim, num_eigvecs, sign_flip
-        kw = dict(device=device, dtype=params_dtype)
+        kw = {"device": device, "dtype": params_dtype}
         self.node_proj = nn.Linear(node_dim, dim, **kw)
         self.edge_proj = nn.Linear(edge_dim, dim, **kw) if edge_dim else None
         self.id_proj = nn.Linear(2 * num_eigvecs, dim, bias=False, **kw)
@@ -114,22 +125,3 @@ class GraphTokenizer(ModalityTokenizer):
         mask = torch.cat([node_mask, edge_mask], 1)
         x, mask = prepend_cls(self.cls_token, x, mask)
         return TokenSeq(x, mask, self.num_prefix_tokens, extras={"num_node_tokens": n})
-
-
-def _register() -> None:
-    from ..data.graph import collate_graphs, example_graph, preprocess_graph
-
-    register_modality(
-        "graph",
-        tokenizer=GraphTokenizer,
-        preprocess=preprocess_graph,
-        collate=collate_graphs,
-        default_head={"name": "classification", "pool": "cls"},
-        example=example_graph,
-        example_config={"node_dim": 4, "edge_dim": 2, "num_eigvecs": 8},
-        variable_length=True,
-        description="graphs {node_features, edge_index, eigvecs, num_nodes, num_edges[, edge_features]}: TokenGT node + edge tokens",
-    )
-
-
-_register()

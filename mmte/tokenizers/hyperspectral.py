@@ -17,12 +17,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..data.hyperspectral import collate_cubes, example_cube, extract_patch
 from .base import ModalityTokenizer, TokenSeq, prepend_cls
 from .registry import register_modality
 
 __all__ = ["HyperspectralTokenizer"]
 
 
+@register_modality(
+    "hyperspectral",
+    preprocess=extract_patch,
+    collate=collate_cubes,
+    default_head={"name": "classification", "pool": "mean"},
+    example=example_cube,
+    example_config={"patch_size": 5, "group_size": 4, "group_stride": 2, "max_bands": 64},
+    variable_length=True,
+    description="cubes {cube [B, bands, p, p], num_bands [B]}: SpectralFormer band-group tokens, any band count",
+)
 class HyperspectralTokenizer(ModalityTokenizer):
     """Cubes ``[B, bands, p, p]`` -> ``[cls] + ceil(max(bands - g, 0) / s) + 1`` band-group tokens.
 
@@ -53,7 +64,7 @@ class HyperspectralTokenizer(ModalityTokenizer):
         if not 1 <= group_stride <= group_size:
             raise ValueError(f"group_stride must be in [1, group_size={group_size}]; got {group_stride}")
         self.patch_size, self.group_size, self.group_stride, self.max_bands = patch_size, group_size, group_stride, max_bands
-        kw = dict(device=device, dtype=params_dtype)
+        kw = {"device": device, "dtype": params_dtype}
         self.proj = nn.Linear(group_size * patch_size * patch_size, dim, **kw)
         self.norm = nn.LayerNorm(dim, **kw)
         self.pos_embed = nn.Parameter(torch.empty(1, self.num_groups(max_bands), dim, **kw))
@@ -108,22 +119,3 @@ class HyperspectralTokenizer(ModalityTokenizer):
             mask = torch.arange(g, device=x.device)[None] < real_groups[:, None]
         tokens, mask = prepend_cls(self.cls_token, tokens, mask)
         return TokenSeq(tokens, mask, self.num_prefix_tokens)
-
-
-def _register() -> None:
-    from ..data.hyperspectral import collate_cubes, example_cube, extract_patch
-
-    register_modality(
-        "hyperspectral",
-        tokenizer=HyperspectralTokenizer,
-        preprocess=extract_patch,
-        collate=collate_cubes,
-        default_head={"name": "classification", "pool": "mean"},
-        example=example_cube,
-        example_config={"patch_size": 5, "group_size": 4, "group_stride": 2, "max_bands": 64},
-        variable_length=True,
-        description="cubes {cube [B, bands, p, p], num_bands [B]}: SpectralFormer band-group tokens, any band count",
-    )
-
-
-_register()

@@ -4,10 +4,11 @@ resampled (bicubic) for other resolutions."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ..data.image import collate_images, example_image, preprocess_image
 from .base import ModalityTokenizer, TokenSeq
+from .registry import register_modality
 
 __all__ = ["ImageTokenizer", "patch_grid", "resample_pos_embed"]
 
@@ -36,18 +37,25 @@ def resample_pos_embed(
     """Resample a ``[1, prefix + Gh*Gw, D]`` position embedding to another patch grid.
 
     The prefix (cls/register) rows are kept; the grid rows are interpolated bicubically with
-    anti-aliasing (the convention timm uses, so converted models agree at any resolution).
+    anti-aliasing by timm's ``resample_abs_pos_embed`` (so converted timm models agree at any
+    resolution). The same grid returns ``pos`` itself, in exported graphs too.
     """
     if tuple(new_grid) == tuple(old_grid):
         return pos
-    prefix, grid = pos[:, :num_prefix], pos[:, num_prefix:]
-    d = grid.shape[-1]
-    grid = grid.reshape(1, old_grid[0], old_grid[1], d).permute(0, 3, 1, 2).float()
-    grid = F.interpolate(grid, size=new_grid, mode="bicubic", antialias=True, align_corners=False)
-    grid = grid.permute(0, 2, 3, 1).reshape(1, -1, d).to(pos.dtype)
-    return torch.cat([prefix, grid], 1)
+    from timm.layers import resample_abs_pos_embed  # on use: importing timm takes seconds
+
+    return resample_abs_pos_embed(pos, list(new_grid), list(old_grid), num_prefix_tokens=num_prefix)
 
 
+@register_modality(
+    "image",
+    preprocess=preprocess_image,
+    collate=collate_images,
+    default_head={"name": "classification", "pool": "cls"},
+    example=example_image,
+    example_config={"img_size": 32, "patch_size": 16},
+    description="RGB images [B, 3, H, W]: ViT patch embedding, cls token, resampled position embedding",
+)
 class ImageTokenizer(ModalityTokenizer):
     """Images ``[B, C, H, W]`` -> patch tokens.
 
@@ -142,31 +150,11 @@ def adapt_input_channels(weight: torch.Tensor, in_chans: int) -> torch.Tensor:
 
     One channel: the sum over the RGB channels (a grey image ``g`` replicated to RGB gives the same
     output as the summed kernel applied to ``g``). Other counts: the kernel is tiled and rescaled by
-    ``C / in_chans`` (timm's convention).
+    ``C / in_chans``. Both by timm's ``adapt_input_conv``.
     """
-    c = weight.shape[1]
-    if in_chans == c:
-        return weight
-    if in_chans == 1:
-        return weight.sum(1, keepdim=True)
-    reps = -(-in_chans // c)
-    return weight.repeat(1, reps, *([1] * (weight.dim() - 2)))[:, :in_chans] * (c / in_chans)
+    if weight.dim() != 4:
+        raise ValueError(f"adapting input channels needs a Conv2d patch weight [D, C, kh, kw]; got shape {tuple(weight.shape)}")
+    from timm.models import adapt_input_conv  # on use: importing timm takes seconds
 
+    return adapt_input_conv(in_chans, weight, base_chans=weight.shape[1])
 
-def _register() -> None:
-    from ..data.image import collate_images, example_image, preprocess_image
-    from .registry import register_modality
-
-    register_modality(
-        "image",
-        tokenizer=ImageTokenizer,
-        preprocess=preprocess_image,
-        collate=collate_images,
-        default_head={"name": "classification", "pool": "cls"},
-        example=example_image,
-        example_config={"img_size": 32, "patch_size": 16},
-        description="RGB images [B, 3, H, W]: ViT patch embedding, cls token, resampled position embedding",
-    )
-
-
-_register()

@@ -8,12 +8,23 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..data.imu import collate_imu, example_imu, preprocess_imu
 from .base import ModalityTokenizer, TokenSeq, prepend_cls
 from .registry import register_modality
 
 __all__ = ["IMUTokenizer"]
 
 
+@register_modality(
+    "imu",
+    preprocess=preprocess_imu,
+    collate=collate_imu,
+    default_head={"name": "classification", "pool": "mean"},
+    example=example_imu,
+    example_config={"in_chans": 6, "window": 10, "stride": 10, "max_windows": 32},
+    variable_length=True,
+    description="IMU {imu [B, T, C], lengths [B]}: windowed Conv1d over the sensor axes",
+)
 class IMUTokenizer(ModalityTokenizer):
     """Recordings ``[B, T, C]`` -> ``[cls] + ((T - window) // stride + 1)`` window tokens.
 
@@ -42,7 +53,7 @@ class IMUTokenizer(ModalityTokenizer):
     ):
         super().__init__(dim)
         self.in_chans, self.window, self.stride, self.max_windows = in_chans, window, stride, max_windows
-        kw = dict(device=device, dtype=params_dtype)
+        kw = {"device": device, "dtype": params_dtype}
         self.proj = nn.Conv1d(in_chans, dim, window, stride, **kw)
         self.norm = nn.LayerNorm(dim, **kw)
         self.pos_embed = nn.Parameter(torch.empty(1, max_windows, dim, **kw))
@@ -85,22 +96,3 @@ class IMUTokenizer(ModalityTokenizer):
             mask = torch.arange(w, device=x.device)[None] * self.stride + self.window <= lengths[:, None].to(x.device)
         x, mask = prepend_cls(self.cls_token, x, mask)
         return TokenSeq(x, mask, self.num_prefix_tokens)
-
-
-def _register() -> None:
-    from ..data.imu import collate_imu, example_imu, preprocess_imu
-
-    register_modality(
-        "imu",
-        tokenizer=IMUTokenizer,
-        preprocess=preprocess_imu,
-        collate=collate_imu,
-        default_head={"name": "classification", "pool": "mean"},
-        example=example_imu,
-        example_config={"in_chans": 6, "window": 10, "stride": 10, "max_windows": 32},
-        variable_length=True,
-        description="IMU {imu [B, T, C], lengths [B]}: windowed Conv1d over the sensor axes",
-    )
-
-
-_register()

@@ -8,9 +8,13 @@ the RGB tokenizer.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
+from ..data.image import collate_images, example_image, preprocess_image
 from .image import ImageTokenizer, adapt_input_channels
+from .registry import register_modality
 
 __all__ = ["InfraredTokenizer", "XRayTokenizer"]
 
@@ -62,35 +66,31 @@ class _SingleChannelTokenizer(ImageTokenizer):
         self.load_state_dict(sd)
 
 
+@register_modality(
+    "infrared",
+    preprocess=partial(preprocess_image, channels=1, mean=(0.5,), std=(0.25,)),
+    collate=collate_images,
+    default_head={"name": "classification", "pool": "cls"},
+    example=partial(example_image, channels=1),
+    example_config={"img_size": 32, "patch_size": 16},
+    description="infrared images [B, 1, H, W]: single-channel ViT stem (RGB weights summed over channels)",
+)
 class InfraredTokenizer(_SingleChannelTokenizer):
     """Infrared / thermal images ``[B, 1, H, W]`` -> patch tokens (single-channel ViT stem)."""
 
     modality = "infrared"
 
 
+@register_modality(
+    "xray",
+    preprocess=partial(preprocess_image, channels=1, mean=(0.5,), std=(0.25,)),
+    collate=collate_images,
+    default_head={"name": "classification", "pool": "cls"},
+    example=partial(example_image, channels=1),
+    example_config={"img_size": 32, "patch_size": 16},
+    description="xray images [B, 1, H, W]: single-channel ViT stem (RGB weights summed over channels)",
+)
 class XRayTokenizer(_SingleChannelTokenizer):
     """X-ray images ``[B, 1, H, W]`` -> patch tokens (single-channel ViT stem)."""
 
     modality = "xray"
-
-
-def _register() -> None:
-    from functools import partial
-
-    from ..data.image import collate_images, example_image, preprocess_image
-    from .registry import register_modality
-
-    for name, cls in (("infrared", InfraredTokenizer), ("xray", XRayTokenizer)):
-        register_modality(
-            name,
-            tokenizer=cls,
-            preprocess=partial(preprocess_image, channels=1, mean=(0.5,), std=(0.25,)),
-            collate=collate_images,
-            default_head={"name": "classification", "pool": "cls"},
-            example=partial(example_image, channels=1),
-            example_config={"img_size": 32, "patch_size": 16},
-            description=f"{name} images [B, 1, H, W]: single-channel ViT stem (RGB weights summed over channels)",
-        )
-
-
-_register()

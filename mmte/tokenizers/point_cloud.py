@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..data.point_cloud import collate_points, example_points, preprocess_points
 from .base import ModalityTokenizer, TokenSeq
 from .registry import register_modality
 
@@ -60,7 +61,8 @@ def knn(query: torch.Tensor, xyz: torch.Tensor, k: int, num_points: torch.Tensor
     counts = num_points if num_points is not None else torch.full((b,), p)
     if k > int(counts.min()):
         raise ValueError(f"group_size k={k} exceeds the {int(counts.min())} points of the smallest cloud; expected at least {k} points")
-    d = ((query.float()[:, :, None] - xyz.float()[:, None]) ** 2).sum(-1)  # [B, G, P]
+    # exact pairwise differences (no matmul expansion), so near neighbours keep their order
+    d = torch.cdist(query.float(), xyz.float(), compute_mode="donot_use_mm_for_euclid_dist")  # [B, G, P]
     valid = _valid(num_points, b, p, xyz.device)
     if valid is not None:
         d = d.masked_fill(~valid[:, None], float("inf"))
@@ -75,6 +77,16 @@ def gather_points(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return out.reshape(*idx.shape, x.shape[-1])
 
 
+@register_modality(
+    "point_cloud",
+    preprocess=preprocess_points,
+    collate=collate_points,
+    default_head={"name": "classification", "pool": "max"},
+    example=example_points,
+    example_config={"num_groups": 16, "group_size": 16, "hidden": (32, 64)},
+    variable_length=True,
+    description="points {points [B, P, 3+F], num_points [B]}: FPS + kNN groups, shared mini-PointNet, MLP centre positions",
+)
 class PointCloudTokenizer(ModalityTokenizer):
     """Points ``[B, P, 3 + F]`` -> ``[cls] + num_groups`` group tokens.
 
@@ -106,7 +118,7 @@ class PointCloudTokenizer(ModalityTokenizer):
             raise ValueError(f"point clouds need at least xyz (in_chans >= 3); got in_chans={in_chans}")
         self.num_groups, self.group_size, self.in_chans = num_groups, group_size, in_chans
         h1, h2 = hidden
-        kw = dict(device=device, dtype=params_dtype)
+        kw = {"device": device, "dtype": params_dtype}
         self.first = nn.Sequential(nn.Linear(in_chans, h1, **kw), nn.LayerNorm(h1, **kw), nn.GELU(), nn.Linear(h1, h2, **kw))
         self.second = nn.Sequential(nn.Linear(2 * h2, 2 * h2, **kw), nn.LayerNorm(2 * h2, **kw), nn.GELU(), nn.Linear(2 * h2, dim, **kw))
         self.pos = nn.Sequential(nn.Linear(3, 128, **kw), nn.GELU(), nn.Linear(128, dim, **kw))
@@ -159,22 +171,3 @@ class PointCloudTokenizer(ModalityTokenizer):
         if self.cls_token is not None:
             x = torch.cat([(self.cls_token + self.cls_pos).expand(b, -1, -1), x], 1)
         return TokenSeq(x, None, self.num_prefix_tokens, positions=centres)
-
-
-def _register() -> None:
-    from ..data.point_cloud import collate_points, example_points, preprocess_points
-
-    register_modality(
-        "point_cloud",
-        tokenizer=PointCloudTokenizer,
-        preprocess=preprocess_points,
-        collate=collate_points,
-        default_head={"name": "classification", "pool": "max"},
-        example=example_points,
-        example_config={"num_groups": 16, "group_size": 16, "hidden": (32, 64)},
-        variable_length=True,
-        description="points {points [B, P, 3+F], num_points [B]}: FPS + kNN groups, shared mini-PointNet, MLP centre positions",
-    )
-
-
-_register()

@@ -30,7 +30,7 @@ import inspect
 import logging
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,7 @@ __all__ = [
     "MODALITIES",
     "ModalitySpec",
     "UnknownModalityError",
+    "collate_modalities",
     "create",
     "get_modality",
     "list_modalities",
@@ -73,7 +74,7 @@ class UnknownModalityError(UnknownNameError):
     """An unknown modality name (a ``ValueError`` and, for dict-like callers, a ``KeyError``), listing the
     registered modalities and the closest one."""
 
-    def __init__(self, name: object, known, fix: str = "see mmte modalities"):
+    def __init__(self, name: object, known, fix: str = "see mmte list modalities (to add one: docs/extending.md)"):
         super().__init__("modality", name, known, fix)
 
     def __reduce__(self):
@@ -244,7 +245,9 @@ class _ModalityRegistry(Registry[ModalitySpec]):
 
     _builtins_loaded = False
 
-    def _before_register(self) -> None:
+    def _before_register(self, obj: Any) -> None:
+        if getattr(getattr(obj, "tokenizer", None), "__module__", None) in _BUILTIN_MODULES:
+            return  # a built-in module's own decorator, while that module is being imported
         self._load_builtins()  # a user registration can never come first and hide a built-in
 
     def _load_builtins(self) -> None:
@@ -264,14 +267,15 @@ class _ModalityRegistry(Registry[ModalitySpec]):
                 self.register(obj.name, obj)
             return None
         if isinstance(obj, type) and issubclass(obj, nn.Module):
-            return None if any(s.tokenizer is obj for s in self._items.values()) else ModalitySpec(name, obj)
+            return None if any(s.tokenizer is obj for s in self._items.values()) else ModalitySpec(name, obj, description=_first_line(obj))
         return None
 
     def get(self, name: str) -> ModalitySpec:
         self._load_entry_points()
-        if name not in self._items:
+        key = self.resolve_path(name)
+        if key is None:
             raise UnknownModalityError(name, self._items)
-        return self._items[name]
+        return self._items[key]
 
 
 MODALITIES = _ModalityRegistry("modality", "mmte.modalities")
@@ -316,7 +320,7 @@ def register_modality(
             example,
             dict(example_config or {}),
             variable_length,
-            description or (inspect.getdoc(cls) or "").split("\n")[0],
+            description or _first_line(cls),
         )
         old = MODALITIES._items.get(key)
         same = old is not None and (old.tokenizer.__module__, old.tokenizer.__qualname__) == (cls.__module__, cls.__qualname__)
@@ -331,6 +335,10 @@ def register_modality(
         return cls
 
     return deco
+
+
+def _first_line(obj: Any) -> str:
+    return (inspect.getdoc(obj) or "").split("\n")[0]
 
 
 def list_modalities(pattern: str = "*") -> list[str]:
@@ -353,6 +361,18 @@ def create(name: str, *args: Any, **config: Any) -> nn.Module:
     ``params_dtype`` and ``device`` are passed through when given.
     """
     return get_modality(name).create(*args, **config)
+
+
+def collate_modalities(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """:func:`mmte.data.collate_batch` with each registered modality's own collate for its batch key.
+
+    ``samples`` are ``{modality: sample, target_key: value}`` dicts; keys that are not registered
+    modality names are stacked.
+    """
+    from ..data import collate_batch
+
+    keys = samples[0] if samples else {}
+    return collate_batch(samples, {k: MODALITIES.get(k).collate_fn for k in keys if k in MODALITIES})
 
 
 def reload() -> list[str]:

@@ -21,12 +21,22 @@ import math
 import torch
 from torch import nn
 
+from ..data.tabular import TabularEncoder, collate_tabular, example_tabular
 from .base import ModalityTokenizer, TokenSeq, prepend_cls
 from .registry import register_modality
 
 __all__ = ["TabularTokenizer"]
 
 
+@register_modality(
+    "tabular",
+    preprocess=TabularEncoder,
+    collate=collate_tabular,
+    default_head={"name": "classification", "pool": "cls"},
+    example=example_tabular,
+    example_config={"num_numeric": 4, "cardinalities": (3, 5)},
+    description="rows {numeric [B, Cn] (NaN missing), categorical [B, Cc] (-1 missing)}: a token per column",
+)
 class TabularTokenizer(ModalityTokenizer):
     """``{"numeric": [B, Cn] float (NaN = missing), "categorical": [B, Cc] long (-1 = missing)}``
     -> ``[cls] + Cn + Cc`` column tokens.
@@ -150,21 +160,3 @@ class TabularTokenizer(ModalityTokenizer):
         x = torch.cat(parts, 1)
         x, _ = prepend_cls(self.cls_token, x, None)
         return TokenSeq(x, None, self.num_prefix_tokens)
-
-
-def _register() -> None:
-    from ..data.tabular import TabularEncoder, collate_tabular, example_tabular
-
-    register_modality(
-        "tabular",
-        tokenizer=TabularTokenizer,
-        preprocess=TabularEncoder,
-        collate=collate_tabular,
-        default_head={"name": "classification", "pool": "cls"},
-        example=example_tabular,
-        example_config={"num_numeric": 4, "cardinalities": (3, 5)},
-        description="rows {numeric [B, Cn] (NaN missing), categorical [B, Cc] (-1 missing)}: a token per column",
-    )
-
-
-_register()

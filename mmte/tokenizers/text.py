@@ -9,11 +9,23 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..data.text import TextVocab, collate_text, example_text
 from .base import ModalityTokenizer, TokenSeq
+from .registry import register_modality
 
 __all__ = ["TextTokenizer"]
 
 
+@register_modality(
+    "text",
+    preprocess=TextVocab,
+    collate=collate_text,
+    default_head={"name": "classification", "pool": "mean"},
+    example=example_text,
+    example_config={"vocab_size": 1000, "max_position_embeddings": 64},
+    variable_length=True,
+    description="token ids {input_ids, attention_mask} [B, N] from a Hugging Face vocabulary: word + position embeddings",
+)
 class TextTokenizer(ModalityTokenizer):
     """Token ids ``[B, N]`` -> embeddings ``[B, N, D]`` with the padding mask.
 
@@ -43,7 +55,7 @@ class TextTokenizer(ModalityTokenizer):
         device: torch.device | str | None = None,
     ):
         super().__init__(dim)
-        kw = dict(device=device, dtype=params_dtype)
+        kw = {"device": device, "dtype": params_dtype}
         self.vocab_size, self.max_position_embeddings, self.pad_token_id = vocab_size, max_position_embeddings, pad_token_id
         self.word_embeddings = nn.Embedding(vocab_size, dim, padding_idx=pad_token_id, **kw)
         self.position_embeddings = nn.Embedding(max_position_embeddings, dim, **kw)
@@ -91,23 +103,3 @@ class TextTokenizer(ModalityTokenizer):
                 raise ValueError(f"attention_mask must have shape {(b, n)}; got {tuple(attention_mask.shape)}")
             mask = attention_mask.bool()
         return TokenSeq(x, mask, 0)
-
-
-def _register() -> None:
-    from ..data.text import TextVocab, collate_text, example_text
-    from .registry import register_modality
-
-    register_modality(
-        "text",
-        tokenizer=TextTokenizer,
-        preprocess=TextVocab,
-        collate=collate_text,
-        default_head={"name": "classification", "pool": "mean"},
-        example=example_text,
-        example_config={"vocab_size": 1000, "max_position_embeddings": 64},
-        variable_length=True,
-        description="token ids {input_ids, attention_mask} [B, N] from a Hugging Face vocabulary: word + position embeddings",
-    )
-
-
-_register()

@@ -18,6 +18,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
+from ..data.time_series import collate_series, example_series, preprocess_series
 from .base import ModalityTokenizer, TokenSeq
 from .registry import register_modality
 
@@ -75,6 +76,15 @@ class RevIN(nn.Module):
         return y, RevINStats(mean, std, w, b, self.eps)
 
 
+@register_modality(
+    "time_series",
+    preprocess=preprocess_series,
+    collate=collate_series,
+    default_head={"name": "forecasting", "horizon": 24},
+    example=example_series,
+    example_config={"patch_len": 16, "stride": 8, "num_channels": 3, "max_patches": 16},
+    description="series [B, L, C]: PatchTST patches per channel (channel independence) + RevIN -> [B*C, P, D]",
+)
 class TimeSeriesTokenizer(ModalityTokenizer):
     """Series ``[B, L, C]`` -> ``[B*C, P, D]`` patch tokens (channel independence).
 
@@ -158,21 +168,3 @@ class TimeSeriesTokenizer(ModalityTokenizer):
         patches = x.unfold(-1, self.patch_len, self.stride)  # [B, C, P, patch_len]
         tokens = self.proj(patches) + self.pos_embed[:, :p]
         return TokenSeq(tokens.reshape(b * c, p, self.dim), None, 0, extras={"channels": c, "revin": stats})
-
-
-def _register() -> None:
-    from ..data.time_series import collate_series, example_series, preprocess_series
-
-    register_modality(
-        "time_series",
-        tokenizer=TimeSeriesTokenizer,
-        preprocess=preprocess_series,
-        collate=collate_series,
-        default_head={"name": "forecasting", "horizon": 24},
-        example=example_series,
-        example_config={"patch_len": 16, "stride": 8, "num_channels": 3, "max_patches": 16},
-        description="series [B, L, C]: PatchTST patches per channel (channel independence) + RevIN -> [B*C, P, D]",
-    )
-
-
-_register()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..data.video import collate_video, example_video, preprocess_video
 from .base import ModalityTokenizer, TokenSeq, prepend_cls
 from .image import ImageTokenizer, patch_grid, resample_pos_embed
 from .registry import register_modality
@@ -18,6 +19,16 @@ from .registry import register_modality
 __all__ = ["VideoTokenizer"]
 
 
+@register_modality(
+    "video",
+    preprocess=preprocess_video,
+    collate=collate_video,
+    default_head={"name": "classification", "pool": "mean"},
+    example=example_video,
+    example_config={"img_size": 32, "patch_size": 16, "max_frames": 8},
+    variable_length=True,
+    description="clips {video [B, C, T, H, W], frames [B]}: 2x16x16 tubelet Conv3d (image weights inflatable)",
+)
 class VideoTokenizer(ModalityTokenizer):
     """Clips ``[B, C, T, H, W]`` -> ``[cls] + (T/t) * (H/p) * (W/p)`` tubelet tokens.
 
@@ -52,7 +63,7 @@ class VideoTokenizer(ModalityTokenizer):
             raise ValueError(f"max_frames ({max_frames}) must be >= tubelet_size ({tubelet_size})")
         self.tubelet_size, self.in_chans, self.max_frames = tubelet_size, in_chans, max_frames
         self.max_time = max_frames // tubelet_size
-        kw = dict(device=device, dtype=params_dtype)
+        kw = {"device": device, "dtype": params_dtype}
         k = (tubelet_size, *self.patch_size)
         self.proj = nn.Conv3d(in_chans, dim, k, k, **kw)
         self.cls_token = nn.Parameter(torch.empty(1, 1, dim, **kw)) if cls_token else None
@@ -129,22 +140,3 @@ class VideoTokenizer(ModalityTokenizer):
             mask = real[:, :, None].expand(b, tg, s).flatten(1)
         x, mask = prepend_cls(self.cls_token, x, mask)
         return TokenSeq(x, mask, self.num_prefix_tokens, extras={"grid_size": (tg, *grid)})
-
-
-def _register() -> None:
-    from ..data.video import collate_video, example_video, preprocess_video
-
-    register_modality(
-        "video",
-        tokenizer=VideoTokenizer,
-        preprocess=preprocess_video,
-        collate=collate_video,
-        default_head={"name": "classification", "pool": "mean"},
-        example=example_video,
-        example_config={"img_size": 32, "patch_size": 16, "max_frames": 8},
-        variable_length=True,
-        description="clips {video [B, C, T, H, W], frames [B]}: 2x16x16 tubelet Conv3d (image weights inflatable)",
-    )
-
-
-_register()

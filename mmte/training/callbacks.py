@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint
 
 from ..errors import RunError
 
@@ -280,7 +280,7 @@ def _batch_columns(out: Mapping[str, Any]) -> tuple[np.ndarray | None, dict[str,
     return (None if index is None else _numpy(index).astype(np.int64).reshape(-1)), cols, n
 
 
-class PredictionWriter(Callback):
+class PredictionWriter(BasePredictionWriter):
     """Write ``mmte predict`` results to a file users can open, one row per item, and print the first rows.
 
     Each row carries the item's id columns from the DataModule (``id``: the file name, table row id, or a
@@ -303,7 +303,7 @@ class PredictionWriter(Callback):
     FORMATS = (".csv", ".parquet", ".json", ".npz")
 
     def __init__(self, output: str | None = None, print_rows: int = 10):
-        super().__init__()
+        super().__init__("batch")  # Lightning's prediction writer: each batch's outputs, then on_predict_end
         if output is not None and not str(output).endswith(self.FORMATS):
             raise ValueError(f"prediction output must end in {', '.join(self.FORMATS)}; got {output!r}")
         if not isinstance(print_rows, int) or print_rows < 0:
@@ -317,9 +317,11 @@ class PredictionWriter(Callback):
         self._parts = []
         self.table = {}
 
-    def on_predict_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        if isinstance(outputs, Mapping):
-            self._parts.append(_batch_columns(outputs))
+    def write_on_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, prediction: Any, batch_indices: Any, batch: Any, batch_idx: int, dataloader_idx: int
+    ) -> None:
+        if isinstance(prediction, Mapping):
+            self._parts.append(_batch_columns(prediction))
 
     # ---------------------------------------------------------------------------------- gather
     def _local(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:

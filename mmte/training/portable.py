@@ -151,9 +151,9 @@ def consolidate(folder: str | os.PathLike, out: str | os.PathLike | None = None)
         ckpt["optimizer_states"] = [_flat_optimizer(o) for o in optim]
     ckpt.setdefault("mmte", {})["optimizer_format"] = FLAT
     if out is not None:
-        from .callbacks import atomic_write
-
         import io
+
+        from .callbacks import atomic_write
 
         buf = io.BytesIO()
         torch.save(ckpt, buf)

@@ -139,7 +139,7 @@ class MMTEStrategy(ModelParallelStrategy):
         elif module is not None:  # not built yet (configure_model comes later): read the backbone from hparams
             c = _config_from_hparams(getattr(module, "hparams", {}).get("backbone"))
         if c is not None:
-            hints = dict(num_attention_heads=c.num_attention_heads, ffn_hidden_size=c.ffn_hidden_size, num_layers=c.num_layers)
+            hints = {"num_attention_heads": c.num_attention_heads, "ffn_hidden_size": c.ffn_hidden_size, "num_layers": c.num_layers}
         spr = stages_per_rank(self.parallel_config.pp_schedule, self.parallel_config.virtual_stages) if self.dims.pp > 1 else 1
         return self.dims.validate(world_size, stages_per_rank=spr, **hints)
 
@@ -391,7 +391,7 @@ class MMTEStrategy(ModelParallelStrategy):
         losses: list[torch.Tensor] = []
         if train:
             sched = par.schedule_for(key, m)
-            kw = dict(target=target, losses=losses) if par.has_last_stage else {}
+            kw = {"target": target, "losses": losses} if par.has_last_stage else {}
             if par.has_first_stage:
                 kw.update(kwargs)
             out = sched.step(*args, **kw) if par.has_first_stage else sched.step(**kw)
@@ -527,11 +527,11 @@ def _batch_size(batch) -> int | None:
 
 PRESETS: dict[str, dict[str, Any]] = {
     "mmte": {},
-    "mmte_tp2": dict(tp=2, sequence_parallel=True, dp_shard=1),
-    "mmte_pp2_1f1b": dict(pp=2, pp_schedule="1f1b", dp_shard=1),
-    "mmte_pp2_zbv": dict(pp=2, pp_schedule="zbv", dp_shard=1),
-    "mmte_fsdp": dict(),
-    "mmte_dp2_tp2": dict(tp=2, dp_shard=2, sequence_parallel=True),
+    "mmte_tp2": {"tp": 2, "sequence_parallel": True, "dp_shard": 1},
+    "mmte_pp2_1f1b": {"pp": 2, "pp_schedule": "1f1b", "dp_shard": 1},
+    "mmte_pp2_zbv": {"pp": 2, "pp_schedule": "zbv", "dp_shard": 1},
+    "mmte_fsdp": {},
+    "mmte_dp2_tp2": {"tp": 2, "dp_shard": 2, "sequence_parallel": True},
 }
 
 

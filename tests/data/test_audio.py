@@ -24,30 +24,45 @@ def read_wav_stdlib(path) -> tuple[torch.Tensor, int]:
     return torch.from_numpy(pcm.astype(np.float32) / 32768.0), sr
 
 
+def kaldi_fbank_numpy(w: np.ndarray, sr: int = 16000, num_mel_bins: int = 128, frame_length: float = 25.0, frame_shift: float = 10.0,
+                      low_freq: float = 20.0) -> np.ndarray:
+    """Kaldi's log-mel filterbank written out in numpy (float64), independently of torchaudio: frames with
+    snip_edges, each frame's DC offset removed, pre-emphasis 0.97, a Hann window ``0.5 - 0.5 cos(2 pi n / (N - 1))``,
+    a power spectrum zero-padded to the next power of two, triangular filters equally spaced on Kaldi's mel scale
+    ``1127 ln(1 + f / 700)`` from 20 Hz to Nyquist (the Nyquist bin excluded), log floored at float32 eps."""
+    w = np.asarray(w, dtype=np.float64)
+    n_win, n_shift = int(sr * frame_length / 1000), int(sr * frame_shift / 1000)
+    n_frames = 1 + (w.size - n_win) // n_shift
+    frames = np.stack([w[i * n_shift : i * n_shift + n_win] for i in range(n_frames)])
+    frames = frames - frames.mean(1, keepdims=True)
+    frames = frames - 0.97 * np.concatenate([frames[:, :1], frames[:, :-1]], 1)
+    frames = frames * (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(n_win) / (n_win - 1)))
+    n_fft = 1 << (n_win - 1).bit_length()
+    power = np.abs(np.fft.rfft(frames, n_fft)) ** 2
+
+    def mel(f):
+        return 1127.0 * np.log(1.0 + f / 700.0)
+
+    edges = np.linspace(mel(low_freq), mel(sr / 2), num_mel_bins + 2)
+    fft_mel = mel(np.arange(n_fft // 2) * sr / n_fft)
+    left, centre, right = edges[:-2, None], edges[1:-1, None], edges[2:, None]
+    banks = np.maximum(0.0, np.minimum((fft_mel - left) / (centre - left), (right - fft_mel) / (right - centre)))
+    return np.log(np.maximum(power[:, : n_fft // 2] @ banks.T, np.finfo(np.float32).eps))
+
+
 def reference_fbank(path) -> torch.Tensor:
-    """AST's recipe written out: resample to 16 kHz, remove the mean, Kaldi fbank (128 mel, 25/10 ms,
-    Hanning, HTK mel, no energy, no dither)."""
+    """AST's recipe: the stdlib reader, torchaudio's resampler to 16 kHz (the one library step shared with
+    mmte), the mean removed, then :func:`kaldi_fbank_numpy` (128 mel bins, 25/10 ms)."""
     w, sr = read_wav_stdlib(path)
     w = torchaudio.functional.resample(w, sr, 16000)
-    return torchaudio.compliance.kaldi.fbank(
-        (w - w.mean())[None],
-        htk_compat=True,
-        sample_frequency=16000,
-        use_energy=False,
-        window_type="hanning",
-        num_mel_bins=128,
-        dither=0.0,
-        frame_shift=10,
-        frame_length=25,
-    )
+    return torch.from_numpy(kaldi_fbank_numpy((w - w.mean()).double().numpy())).float()
 
 
 @pytest.fixture
 def fsdd(shared_data):
-    d = shared_data / "fsdd" / "recordings"
-    if not d.is_dir():
-        pytest.skip(f"FSDD recordings not found at {d}")
-    return d
+    from tests.conftest import need_data
+
+    return need_data(shared_data / "fsdd" / "recordings", "FSDD recordings")
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -62,9 +77,11 @@ def test_fbank_equals_kaldi_on_fsdd(fsdd, name):
     assert ours.shape == ref.shape and ours.shape[1] == 128
     # 10 ms frames at 16 kHz: 1 + (samples - 400) // 160
     assert ours.shape[0] == 1 + (2 * w.shape[0] - 400) // 160
-    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-4)
+    # float32 (torchaudio) vs float64 (numpy): <= 1e-3 on the faintest bins (log energy ~ -16); a wrong window,
+    # pre-emphasis, DC removal or mel range is off by > 5
+    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=2e-3)
     normed = preprocess_audio(path)
-    torch.testing.assert_close(normed, (ref - AUDIOSET_MEAN) / (2 * AUDIOSET_STD), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(normed, (ref - AUDIOSET_MEAN) / (2 * AUDIOSET_STD), rtol=1e-4, atol=2e-3)
 
 
 def test_tokenizer_waveform_path_equals_fbank_path(fsdd):

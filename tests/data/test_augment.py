@@ -25,6 +25,10 @@ def test_speed_resamples_like_torchaudio():
     ref = torchaudio.functional.resample(w, 8800, 8000)  # 1.1x faster: read at 8.8 kHz, play at 8 kHz
     assert out.shape == (math.ceil(8000 * 8000 / 8800),)
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    # independently of the resampler: the 220 Hz tone now plays at 1.1 x 220 = 242 Hz (spectral peak, 1.1 Hz bins)
+    spec = torch.fft.rfft(out.double() * torch.hann_window(out.shape[0], dtype=torch.float64)).abs()
+    peak_hz = float(spec.argmax()) * 8000 / out.shape[0]
+    assert abs(peak_hz - 242.0) < 1.5, peak_hz
     torch.manual_seed(0)
     lengths = {WaveformAugment(speed=[0.9, 1.1], speed_steps=3)(w, 8000).shape[0] for _ in range(40)}
     assert lengths == {math.ceil(8000 * 8000 / 7200), 8000, math.ceil(8000 * 8000 / 8800)}

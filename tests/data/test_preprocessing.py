@@ -18,6 +18,7 @@ from mmte.data.point_cloud import normalize_points, preprocess_points
 from mmte.data.tabular import TabularEncoder, collate_tabular
 from mmte.data.time_series import ETT_HOURLY_BORDERS, sliding_windows
 from mmte.data.video import preprocess_video, sample_frame_indices
+from mmte.tokenizers.registry import collate_modalities
 
 
 def test_image_preprocess_matches_manual():
@@ -106,9 +107,21 @@ def test_hyperspectral_patch_reflects():
     assert p.shape == (2, 3, 3) and p[0, 1, 1] == img[0, 0, 0] and p[0, 0, 0] == img[0, 1, 1]
 
 
-def test_collate_batch_uses_registry():
+def test_collate_modalities_uses_registry():
     samples = [{"audio": torch.randn(20 + 5 * i, 128), "label": i} for i in range(3)]
-    batch = collate_batch(samples)
+    batch = collate_modalities(samples)
     assert batch["audio"]["fbank"].shape == (3, 30, 128) and batch["label"].tolist() == [0, 1, 2]
+    assert batch["audio"]["frames"].tolist() == [20, 25, 30]
+    torch.testing.assert_close(batch["audio"]["fbank"][0, :20], samples[0]["audio"], rtol=0, atol=0)
+    assert batch["audio"]["fbank"][0, 20:].abs().sum() == 0  # padding
     with pytest.raises(ValueError, match="sample 1 has keys"):
-        collate_batch([{"audio": torch.randn(20, 128), "label": 0}, {"label": 1}])
+        collate_modalities([{"audio": torch.randn(20, 128), "label": 0}, {"label": 1}])
+
+
+def test_collate_batch_without_collates_stacks():
+    """mmte.data knows no modality registry: without a collate, same-shape tensors are stacked and
+    different shapes are refused with the sample named."""
+    batch = collate_batch([{"x": torch.full((2,), float(i)), "label": i} for i in range(3)])
+    assert batch["x"].tolist() == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]] and batch["label"].tolist() == [0, 1, 2]
+    with pytest.raises(ValueError, match=r"^audio sample 1 has shape \(25, 128\); expected \(20, 128\) like sample 0"):
+        collate_batch([{"audio": torch.randn(20, 128)}, {"audio": torch.randn(25, 128)}])

@@ -28,12 +28,12 @@ def _maxdiff(a, b):
 
 
 TIMM_CASES = [
-    ("vit_base_patch16_224", dict(depth=1, embed_dim=64, num_heads=4, img_size=32, patch_size=16)),
-    ("vit_base_patch16_224", dict(depth=2, embed_dim=96, num_heads=3, img_size=28, patch_size=14, init_values=0.1)),
-    ("vit_base_patch16_224", dict(depth=3, embed_dim=128, num_heads=4, img_size=32, patch_size=8, qkv_bias=False)),
-    ("vit_base_patch16_224", dict(depth=2, embed_dim=64, num_heads=2, img_size=32, patch_size=8, reg_tokens=2, no_embed_class=True)),
-    ("vit_base_patch16_clip_224", dict(depth=2, embed_dim=192, num_heads=3, img_size=32, patch_size=16)),
-    ("vit_base_patch16_clip_quickgelu_224", dict(depth=4, embed_dim=384, num_heads=6, img_size=28, patch_size=14)),
+    ("vit_base_patch16_224", {"depth": 1, "embed_dim": 64, "num_heads": 4, "img_size": 32, "patch_size": 16}),
+    ("vit_base_patch16_224", {"depth": 2, "embed_dim": 96, "num_heads": 3, "img_size": 28, "patch_size": 14, "init_values": 0.1}),
+    ("vit_base_patch16_224", {"depth": 3, "embed_dim": 128, "num_heads": 4, "img_size": 32, "patch_size": 8, "qkv_bias": False}),
+    ("vit_base_patch16_224", {"depth": 2, "embed_dim": 64, "num_heads": 2, "img_size": 32, "patch_size": 8, "reg_tokens": 2, "no_embed_class": True}),
+    ("vit_base_patch16_clip_224", {"depth": 2, "embed_dim": 192, "num_heads": 3, "img_size": 32, "patch_size": 16}),
+    ("vit_base_patch16_clip_quickgelu_224", {"depth": 4, "embed_dim": 384, "num_heads": 6, "img_size": 28, "patch_size": 14}),
 ]
 
 
@@ -50,7 +50,7 @@ def test_from_timm_matches_forward_features(name, kw):
 
 
 def test_from_timm_other_resolution_resamples_positions():
-    kw = dict(depth=1, embed_dim=64, num_heads=4, img_size=32, patch_size=8, dynamic_img_size=True)
+    kw = {"depth": 1, "embed_dim": 64, "num_heads": 4, "img_size": 32, "patch_size": 8, "dynamic_img_size": True}
     src = _perturb(timm.create_model("vit_base_patch16_224", pretrained=False, num_classes=0, **kw))
     enc = from_timm(src).eval()
     x = torch.randn(2, 3, 48, 40)
@@ -85,9 +85,9 @@ def _bert(**kw):
 
 
 BERT_CASES = [
-    dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128),
-    dict(hidden_size=96, num_hidden_layers=2, num_attention_heads=3, intermediate_size=256, layer_norm_eps=1e-5),
-    dict(hidden_size=128, num_hidden_layers=3, num_attention_heads=8, intermediate_size=256, hidden_act="gelu_new"),
+    {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 128},
+    {"hidden_size": 96, "num_hidden_layers": 2, "num_attention_heads": 3, "intermediate_size": 256, "layer_norm_eps": 1e-5},
+    {"hidden_size": 128, "num_hidden_layers": 3, "num_attention_heads": 8, "intermediate_size": 256, "hidden_act": "gelu_new"},
 ]
 
 

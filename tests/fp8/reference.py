@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 # name: (exponent bits, mantissa bits, bias, has_inf)
@@ -51,7 +52,7 @@ def round_saturate(x: float, name: str) -> float:
     a = abs(x)
     if a >= table[-1][0]:
         return sign * table[-1][0]
-    for (lo, clo), (hi, chi) in zip(table, table[1:]):
+    for (lo, clo), (hi, chi) in itertools.pairwise(table):
         if lo <= a <= hi:
             if a - lo < hi - a:
                 return sign * lo

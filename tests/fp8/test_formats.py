@@ -1,5 +1,6 @@
 """FP8 element formats against references written from the format definitions (tests/fp8/reference.py)."""
 
+import itertools
 import math
 
 import pytest
@@ -56,7 +57,7 @@ def test_rounding_is_nearest_even_with_saturation(name):
     fmt = FORMATS[name]
     table = ref.finite_codes(name)
     # exact midpoints between neighbours (ties), points just off them, and random values over the range
-    mids = [(a + b) / 2 for (a, _), (b, _) in zip(table, table[1:])]
+    mids = [(a + b) / 2 for (a, _), (b, _) in itertools.pairwise(table)]
     off = [m * (1 + 2**-12) for m in mids[1:]] + [m * (1 - 2**-12) for m in mids[1:]]
     g = torch.Generator().manual_seed(0)
     rand = (torch.rand(2000, generator=g) * 2 - 1) * fmt.max * 1.2

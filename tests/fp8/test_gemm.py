@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-import mmte.fp8 as fp8
+from mmte import fp8
 from mmte.fp8 import MXFP8, BlockScaling, CurrentScaling, DelayedScaling, FP8Linear
 
 # Relative Frobenius error bounds against fp32 for N(0, 1) activations and N(0, 0.05^2) weights
@@ -118,9 +118,9 @@ def test_is_available_names_missing_capability():
         ok, why = fp8.is_available("cpu", r)
         assert not ok and cap in why and "cpu" in why
     lin = FP8Linear(32, 32, recipe=MXFP8(gemm="scaled_mm"))
-    with pytest.raises(RuntimeError, match=r"MXFP8 with gemm='scaled_mm' needs block-scaled FP8 GEMM kernels"):
-        with fp8.autocast(recipe=MXFP8(gemm="scaled_mm")):
-            lin(torch.randn(16, 32))
+    with pytest.raises(RuntimeError, match=r"MXFP8 with gemm='scaled_mm' needs block-scaled FP8 GEMM kernels"), \
+            fp8.autocast(recipe=MXFP8(gemm="scaled_mm")):
+        lin(torch.randn(16, 32))
     if not torch.cuda.is_available():
         ok, why = fp8.is_available("cuda", DelayedScaling(gemm="scaled_mm"))
         assert not ok and "CUDA is not available" in why

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-import mmte.fp8 as fp8
+from mmte import fp8
 from mmte.fp8 import MXFP8, BlockScaling, CurrentScaling, DelayedScaling, FP8Linear
 from mmte.te import Linear, TransformerLayer
 
@@ -74,9 +74,9 @@ def test_197_tokens_are_padded_and_match_unpadded_math(name):
 
 def test_padding_disabled_raises_naming_the_shape():
     lin = FP8Linear(64, 32)
-    with pytest.raises(ValueError, match=r"divisible by 16: input shape \(2, 197, 64\) flattens to 394 rows.*400 rows"):
-        with fp8.autocast(recipe=DelayedScaling(pad_tokens=False)):
-            lin(torch.randn(2, 197, 64))
+    with pytest.raises(ValueError, match=r"divisible by 16: input shape \(2, 197, 64\) flattens to 394 rows.*400 rows"), \
+            fp8.autocast(recipe=DelayedScaling(pad_tokens=False)):
+        lin(torch.randn(2, 197, 64))
     with fp8.autocast(recipe=DelayedScaling(pad_tokens=False)):
         assert lin(torch.randn(2, 200, 64)).shape == (2, 200, 32)
 
@@ -87,9 +87,8 @@ def test_non_divisible_features_raise():
     with pytest.raises(ValueError, match=r"Linear\(64, 10\)"):
         FP8Linear.from_linear(torch.nn.Linear(64, 10))
     lin = FP8Linear(64, 32)
-    with pytest.raises(ValueError, match=r"expects inputs \[\.\.\., 64\]; got shape \(3, 48\)"):
-        with fp8.autocast():
-            lin(torch.randn(3, 48))
+    with pytest.raises(ValueError, match=r"expects inputs \[\.\.\., 64\]; got shape \(3, 48\)"), fp8.autocast():
+        lin(torch.randn(3, 48))
 
 
 def test_outside_autocast_it_is_a_plain_linear_and_keys_are_unchanged():

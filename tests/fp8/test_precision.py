@@ -6,7 +6,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-import mmte.fp8 as fp8
+from mmte import fp8
 from mmte.encoders import Backbone
 from mmte.training.precision import FP8Precision
 

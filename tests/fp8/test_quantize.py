@@ -61,7 +61,7 @@ def test_block_scale_choice(block):
     br, bc = block
     assert q.scale_inv.shape == (256 // br, 384 // bc)
     for i in range(0, 256, max(br, 37)):
-        for j in range(0, 384 // bc):
+        for j in range(384 // bc):
             bi = i // br
             blk = x[bi * br : (bi + 1) * br, j * bc : (j + 1) * bc]
             a = blk.abs().max().item()

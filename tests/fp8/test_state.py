@@ -6,7 +6,7 @@ import io
 import pytest
 import torch
 
-import mmte.fp8 as fp8
+from mmte import fp8
 from mmte.encoders import Backbone
 from mmte.fp8 import MXFP8, BlockScaling, CurrentScaling, DelayedScaling, FP8Linear
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import mmte.fp8 as fp8
+from mmte import fp8
 from mmte.encoders import Backbone
 from mmte.tokenizers.image import ImageTokenizer
 

@@ -290,7 +290,7 @@ def hybrid_worker(rank: int, world: int, steps: int) -> None:
                 local = loss_t.detach()
             else:
                 losses: list = []
-                kw = dict(target=ly, losses=losses) if par.has_last_stage else {}
+                kw = {"target": ly, "losses": losses} if par.has_last_stage else {}
                 par.schedule.step(lx, **kw) if par.has_first_stage else par.schedule.step(**kw)
                 local = torch.stack(losses).mean() if par.has_last_stage else torch.zeros(())
             opt.step()

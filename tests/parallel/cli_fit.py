@@ -19,10 +19,10 @@ pipeline-parallel ranks of a replica hold the same value.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 import os
 import sys
 import traceback
+from pathlib import Path
 
 import torch
 from lightning.pytorch import Callback

@@ -90,13 +90,15 @@ def _recipe_args(recipe: str, tmp: Path, name: str, dp: int) -> list[str]:
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("recipe", ["quickstart", "etth1_forecast"])
 def test_every_parallel_fragment_trains_like_one_process(recipe, tmp_path):
-    if recipe == "etth1_forecast" and not ETT.is_file():
-        pytest.skip(f"ETTh1 not found at {ETT}")
+    if recipe == "etth1_forecast":
+        from tests.conftest import need_data
+
+        need_data(ETT, "ETTh1")
     ref = _ok(launch(1, {"one": _recipe_args(recipe, tmp_path, "one", 1)}, tmp_path, 600)["one"], "one")
     assert len(ref["losses"]) == 10
     by_world: dict[int, dict[str, list[str]]] = {}
-    for frag in PARALLEL:
-        args = _recipe_args(recipe, tmp_path, frag, _dp(frag)) + ["--config", str(PARALLEL[frag])]
+    for frag, fragment_file in PARALLEL.items():
+        args = _recipe_args(recipe, tmp_path, frag, _dp(frag)) + ["--config", str(fragment_file)]
         by_world.setdefault(_world(frag), {})[frag] = args
     for world, runs in sorted(by_world.items()):
         got = launch(world, runs, tmp_path, 1200)
@@ -208,9 +210,9 @@ def test_fragment_precision_adapter_matrix(world, matrix_refs, tmp_path):
     "extra, message",
     [
         (["--config", "configs/parallel/pp2-zbv.yaml", "--config", "configs/encoders/tiny.yaml"],
-         "pp=2 x 2 stage(s) per rank = 4 pipeline stages is more than the 2 backbone layers (each stage needs at least one "
-         "layer): use a backbone with at least 4 layers (model.backbone, e.g. {preset: tiny, num_layers: 4}) or a schedule "
-         "with one stage per rank (pp_schedule: 1f1b), or a smaller pp"),
+         ("pp=2 x 2 stage(s) per rank = 4 pipeline stages is more than the 2 backbone layers (each stage needs at least one "
+          "layer): use a backbone with at least 4 layers (model.backbone, e.g. {preset: tiny, num_layers: 4}) or a schedule "
+          "with one stage per rank (pp_schedule: 1f1b), or a smaller pp")),
         (["--config", "configs/parallel/tp2.yaml", "--config", "configs/encoders/tiny.yaml", "--model.backbone",
           "{preset: tiny, num_attention_heads: 1, hidden_size: 64}"],
          "tp=2 does not divide the number of attention heads 1"),

@@ -6,7 +6,6 @@ flattened optimizer state), microbatch choice, trainable-work balancing and the 
 from __future__ import annotations
 
 import importlib
-
 import warnings
 
 import pytest

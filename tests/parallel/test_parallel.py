@@ -20,12 +20,12 @@ from . import _dist, _workers
 @pytest.mark.parametrize(
     "dims, kw, msg",
     [
-        (ParallelDims(tp=3, dp_shard=1), dict(world_size=3, num_attention_heads=4), "tp=3 does not divide the number of attention heads 4"),
-        (ParallelDims(pp=4, dp_shard=1), dict(world_size=4, num_layers=2), "4 pipeline stages is more than the 2 backbone layers"),
-        (ParallelDims(pp=2, dp_shard=1), dict(world_size=2, num_layers=3, stages_per_rank=2), "pp=2 x 2 stage(s) per rank = 4"),
-        (ParallelDims(tp=2, dp_shard=3), dict(world_size=4), "1*3*2*1 = 6 differs from the world size 4"),
-        (ParallelDims(tp=3), dict(world_size=4), "world size 4 is not divisible by dp_replicate*tp*pp = 1*3*1 = 3"),
-        (ParallelDims(tp=2, dp_shard=1), dict(world_size=2, num_attention_heads=4, ffn_hidden_size=129), "ffn_hidden_size=129"),
+        (ParallelDims(tp=3, dp_shard=1), {"world_size": 3, "num_attention_heads": 4}, "tp=3 does not divide the number of attention heads 4"),
+        (ParallelDims(pp=4, dp_shard=1), {"world_size": 4, "num_layers": 2}, "4 pipeline stages is more than the 2 backbone layers"),
+        (ParallelDims(pp=2, dp_shard=1), {"world_size": 2, "num_layers": 3, "stages_per_rank": 2}, "pp=2 x 2 stage(s) per rank = 4"),
+        (ParallelDims(tp=2, dp_shard=3), {"world_size": 4}, "1*3*2*1 = 6 differs from the world size 4"),
+        (ParallelDims(tp=3), {"world_size": 4}, "world size 4 is not divisible by dp_replicate*tp*pp = 1*3*1 = 3"),
+        (ParallelDims(tp=2, dp_shard=1), {"world_size": 2, "num_attention_heads": 4, "ffn_hidden_size": 129}, "ffn_hidden_size=129"),
     ],
 )
 def test_bad_configuration_rejected_before_process_groups(dims, kw, msg):

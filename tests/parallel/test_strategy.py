@@ -60,10 +60,10 @@ class _Module(L.LightningModule):
 @pytest.mark.parametrize(
     "kw, world, msg",
     [
-        (dict(tp=3, dp_shard=1), 3, "tp=3 does not divide the number of attention heads 4"),
-        (dict(pp=4, dp_shard=1), 4, "4 pipeline stages is more than the 2 backbone layers"),
-        (dict(pp=2, dp_shard=1, pp_schedule="zbv"), 2, "pp=2 x 2 stage(s) per rank = 4 pipeline stages"),
-        (dict(tp=2, dp_shard=2), 2, "2*2*1 = 4 differs from the world size 2"),
+        ({"tp": 3, "dp_shard": 1}, 3, "tp=3 does not divide the number of attention heads 4"),
+        ({"pp": 4, "dp_shard": 1}, 4, "4 pipeline stages is more than the 2 backbone layers"),
+        ({"pp": 2, "dp_shard": 1, "pp_schedule": "zbv"}, 2, "pp=2 x 2 stage(s) per rank = 4 pipeline stages"),
+        ({"tp": 2, "dp_shard": 2}, 2, "2*2*1 = 4 differs from the world size 2"),
     ],
 )
 def test_strategy_rejects_bad_layouts_before_process_groups(kw, world, msg):

@@ -61,7 +61,7 @@ def split_qkv(w_interleaved, heads):
 
 def mha(x, p, heads, mask=None, causal=False, prefix="self_attention."):
     """Multi-head self-attention from a state dict ``p`` (mmte keys, norm excluded)."""
-    b, n, d = x.shape
+    b, n, _d = x.shape
     wq, wk, wv = split_qkv(p[prefix + "layernorm_qkv.linear.weight"], heads)
     bias = p.get(prefix + "layernorm_qkv.linear.bias")
     bq, bk, bv = split_qkv(bias, heads) if bias is not None else (None, None, None)

@@ -18,8 +18,8 @@ def test_state_dict_mapping_round_trips(activation):
     assert mapped["layers.3.layernorm_mlp.fc1_weight"].shape == ((128 if activation == "swiglu" else 64), 32)
     back = from_te_state_dict(mapped, activation == "swiglu", "layers.3.")
     assert set(back) == set(sd)
-    for k in sd:
-        assert torch.equal(back[k], sd[k])
+    for k, v in sd.items():
+        assert torch.equal(back[k], v)
 
 
 def test_te_activation_names():

@@ -21,7 +21,7 @@ def _check() -> None:
     from tests.reference.compare import assert_same_forward_backward
 
     torch.manual_seed(0)
-    for overrides in (dict(), dict(normalization="RMSNorm", activation="quick_gelu")):
+    for overrides in ({}, {"normalization": "RMSNorm", "activation": "quick_gelu"}):
         eager = Backbone("tiny", num_layers=2, hidden_size=32, num_attention_heads=2, ffn_hidden_size=48, **overrides)
         with torch.no_grad():
             for p in eager.parameters():
@@ -41,7 +41,7 @@ def _check() -> None:
 def test_backbone_with_triton_kernels_matches_eager():
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     env.pop("MMTE_DISABLE_TRITON", None)
-    proc = subprocess.run([sys.executable, __file__], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, __file__], cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0 and "fused-kernels backbone OK" in proc.stdout, (proc.stdout + proc.stderr)[-6000:]
 
 

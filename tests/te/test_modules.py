@@ -131,10 +131,10 @@ def test_attention_backward_with_padding():
 
 
 CASES = [
-    dict(position="pre", activation="gelu", kind="LayerNorm", ls=None, masked=False),
-    dict(position="pre", activation="quick_gelu", kind="LayerNorm", ls=0.5, masked=True),
-    dict(position="post", activation="gelu", kind="LayerNorm", ls=None, masked=True),
-    dict(position="pre", activation="swiglu", kind="RMSNorm", ls=None, masked=True),
+    {"position": "pre", "activation": "gelu", "kind": "LayerNorm", "ls": None, "masked": False},
+    {"position": "pre", "activation": "quick_gelu", "kind": "LayerNorm", "ls": 0.5, "masked": True},
+    {"position": "post", "activation": "gelu", "kind": "LayerNorm", "ls": None, "masked": True},
+    {"position": "pre", "activation": "swiglu", "kind": "RMSNorm", "ls": None, "masked": True},
 ]
 
 

@@ -61,9 +61,9 @@ def test_ragged_tabular_rows():
 
 
 def test_unknown_modality_lists_registered():
-    with pytest.raises(ValueError, match=r"unknown modality 'smell', expected one of audio, .*video, xray, see mmte modalities$"):
+    with pytest.raises(ValueError, match=r"unknown modality 'smell', expected one of audio, .*video, xray, see mmte list modalities \(to add one: docs/extending.md\)$"):
         mmte.tokenizers.create("smell", dim=32)
-    with pytest.raises(KeyError):  # also a KeyError for dict-like callers
+    with pytest.raises(KeyError, match=r"^unknown modality 'smell', expected one of audio, "):  # also a KeyError for dict-like callers
         mmte.get_modality("smell")
     with pytest.raises(ValueError, match="unknown modality 'smell'"):
         mmte.MetaTransformer({"smell": "smell"}, "tiny")

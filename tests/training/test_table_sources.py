@@ -20,10 +20,9 @@ def diamonds(shared_data_module):
 
 @pytest.fixture(scope="module")
 def shared_data_module():
-    from tests.conftest import SHARED_DATA
+    from tests.conftest import SHARED_DATA, need_data
 
-    if not (SHARED_DATA / "tabular" / "diamonds.csv").is_file():
-        pytest.skip(f"diamonds.csv not found under {SHARED_DATA}")
+    need_data(SHARED_DATA / "tabular" / "diamonds.csv", "diamonds.csv")
     return SHARED_DATA
 
 

@@ -1,0 +1,74 @@
+"""LoRA: low-rank adapters on a backbone's Linears, added as forward hooks so FQNs stay stable.
+
+``W x + (alpha / rank) B A x`` with ``A`` [rank, in] and ``B`` [out, rank]; ``B`` starts at zero, so a
+model's output is unchanged when the adapters are added. The adapter is a child module ``lora`` of the
+Linear it adapts (parameters ``<linear>.lora.A`` / ``.B``): a later pass that *replaces* Linears (an
+FP8 conversion) carries ``lora`` and the hook over.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DEFAULT_LORA_TARGETS", "LoRA", "apply_lora"]
+
+DEFAULT_LORA_TARGETS = ("layers.*.self_attention.layernorm_qkv.linear", "layers.*.self_attention.proj")
+
+
+class LoRA(nn.Module):
+    """A low-rank adapter ``scale * B A x`` for one Linear (``A`` [r, in], ``B`` [out, r])."""
+
+    def __init__(self, in_features: int, out_features: int, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0):
+        super().__init__()
+        if not isinstance(rank, int) or rank < 1:
+            raise ValueError(f"LoRA rank must be a positive int; got {rank!r}")
+        self.rank, self.alpha, self.scale = rank, alpha, alpha / rank
+        self.A = nn.Parameter(torch.empty(rank, in_features))
+        self.B = nn.Parameter(torch.empty(out_features, rank))
+        self.dropout = nn.Dropout(dropout)
+        if self.A.device.type != "meta":
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))
+        nn.init.zeros_(self.B)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.dropout(x) @ self.A.t().to(x.dtype)) @ self.B.t().to(x.dtype) * self.scale
+
+
+def _lora_hook(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
+    return output + module.lora(inputs[0])
+
+
+def apply_lora(backbone: nn.Module, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0, targets: Sequence[str] | None = None) -> list[str]:
+    """Attach :class:`LoRA` adapters to the ``nn.Linear`` modules of ``backbone`` matching ``targets``.
+
+    Returns:
+        the adapted module names.
+
+    Raises:
+        ValueError: when a target glob matches no Linear.
+    """
+    targets = list(targets or DEFAULT_LORA_TARGETS)
+    done = []
+    for pattern in targets:
+        hits = [(n, m) for n, m in backbone.named_modules() if isinstance(m, nn.Linear) and fnmatch.fnmatch(n, pattern)]
+        if not hits:
+            raise ValueError(f"LoRA target {pattern!r} matches no Linear in the backbone (e.g. 'layers.*.layernorm_mlp.fc1')")
+        for n, m in hits:
+            if hasattr(m, "lora"):
+                continue
+            m.lora = LoRA(m.in_features, m.out_features, rank, alpha, dropout).to(device=m.weight.device)
+            m.register_forward_hook(_lora_hook)
+            done.append(n)
+    logger.info("added LoRA (rank %d) to %d backbone Linears", rank, len(done))
+    return done

@@ -1,0 +1,37 @@
+"""``TransformerStack``: the type that functions applied to a model look for.
+
+FP8 conversion, tensor/pipeline parallelism, FSDP grouping and the inference cast act on "the
+transformer trunk" of whatever model they are given. They find it by this engine-level type, not by
+the backbone class that builds it (:class:`mmte.encoders.Backbone` subclasses it), so ``mmte.fp8``,
+``mmte.parallel`` and ``mmte.inference`` depend on ``mmte.te`` alone.
+
+The contract: ``layers`` is an ``nn.ModuleDict`` of transformer layers keyed ``"0".."L-1"`` (a
+pipeline stage may hold a subset), each called as ``layer(x [B, N, D], mask [B, N] | None)``; and
+``compute_dtype`` (a dtype or None) is the dtype the layers run in when set.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["TransformerStack", "find_stacks"]
+
+
+class TransformerStack(nn.Module):
+    """Base class of transformer trunks: a ``layers`` ModuleDict keyed ``"0".."L-1"``.
+
+    It owns no parameters of its own; subclasses build ``layers`` (and any norms) in ``__init__``.
+    """
+
+    layers: nn.ModuleDict
+    compute_dtype: torch.dtype | None = None
+
+
+def find_stacks(model: nn.Module) -> list[tuple[str, TransformerStack]]:
+    """``(fqn, module)`` of every :class:`TransformerStack` in ``model``, outermost only, in module order."""
+    found: list[tuple[str, TransformerStack]] = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, TransformerStack) and not any(f == "" or name.startswith(f + ".") for f, _ in found):
+            found.append((name, mod))
+    return found
