@@ -338,6 +338,14 @@ def _cli_class():
             print(parser.dump(c, skip_none=False, skip_check=True), end="")
             raise SystemExit(0)
 
+        def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
+            # --trainer.enable_checkpointing false: no checkpoint callback (Lightning refuses the pair)
+            if config.get("enable_checkpointing") is False:
+                from lightning.pytorch.callbacks import ModelCheckpoint
+
+                callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
+            return super()._instantiate_trainer(config, callbacks)
+
         def _run_subcommand(self, subcommand: str) -> None:
             if self._ckpt is not None:
                 _check_checkpoint_fits(self.model, self._ckpt, self.config[subcommand].ckpt_path)

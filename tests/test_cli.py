@@ -280,3 +280,13 @@ def test_command_line_trainer_precision_wins_over_the_recipe():
         c = cfg("32-true")
         c.precision = "16-mixed"
         _resolve_precision(c, ["fit", "--precision", "16-mixed", "--trainer.precision", "32-true"])
+
+
+def test_fit_without_checkpointing(tmp_path):
+    """``--trainer.enable_checkpointing false`` trains and writes no checkpoint (mmte's checkpoint callback
+    is left out; Lightning refuses the callback together with the flag)."""
+    root = Path(__file__).resolve().parents[1]
+    assert main(["fit", "--config", str(root / "recipes" / "quickstart.yaml"), "--config", str(root / "configs" / "encoders" / "tiny.yaml"),
+                 "--trainer.enable_checkpointing", "false", "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1",
+                 "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path)]) == 0
+    assert (tmp_path / "logs").is_dir() and not (tmp_path / "checkpoints").exists()
