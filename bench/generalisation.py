@@ -22,13 +22,17 @@ model for a new voice); forecast and tabular test the best-validation checkpoint
 
 ::
 
-    python bench/generalisation.py                                   # everything (hours on 2 cores)
-    python bench/generalisation.py --family tabular                  # one family
-    python bench/generalisation.py --family audio --folds 2 --epochs-scale 0.2   # a quick check
-    python bench/generalisation.py --family forecast --horizons 96 192 336 720
-    python bench/generalisation.py --write BENCHMARKS.md             # also replace the section there
+    python bench/generalisation.py --jobs 2 --write BENCHMARKS.md   # everything (about an hour on 2 idle cores)
+    python bench/generalisation.py --families tabular                # one family (or audio,forecast)
+    python bench/generalisation.py --families audio --fold theo      # one leave-one-speaker-out fold
+    python bench/generalisation.py --families audio --folds 2 --epochs-scale 0.2   # a quick check
+    python bench/generalisation.py --families forecast --horizons 96 192 336 720
+    python bench/generalisation.py --families forecast --mmte-args "--model.lr 3e-4"   # a recipe variant
+    python bench/generalisation.py --merge a.json b.json --write BENCHMARKS.md         # join runs made side by side
+    python bench/generalisation.py --smoke                            # the pipeline in about a minute
 
-Prints a markdown table per family, writes JSON to ``bench/results/generalisation.json`` (``--out``).
+Prints a markdown table per family and the issue's targets, writes JSON to ``bench/results/generalisation.json``
+(``--out``; families not run keep their earlier entry, each with its own command, CPU flags and load).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -57,11 +62,16 @@ def mmte_fit(args: list[str], root: str):
     """``mmte fit <args>`` in this process; returns the finished CLI (trainer, model, datamodule)."""
     from mmte.cli import MMTECLI
 
-    return MMTECLI(args=["fit", *args, "--trainer.default_root_dir", root, "--trainer.enable_progress_bar", "false",
-                         "--trainer.enable_model_summary", "false"])
+    argv, sys.argv = sys.argv, sys.argv[:1]  # the bench's own options are not the CLI's
+    try:
+        return MMTECLI(args=["fit", *args, *EXTRA, "--trainer.default_root_dir", root, "--trainer.enable_progress_bar", "false",
+                             "--trainer.enable_model_summary", "false"])
+    finally:
+        sys.argv = argv
 
 
 SMOKE: list[str] = []  # --smoke: extra CLI arguments that make every run a few steps of a tiny model
+EXTRA: list[str] = []  # --mmte-args: extra CLI arguments for every mmte run (variants of a recipe)
 
 
 def _scaled_epochs(recipe: Path, scale: float) -> list[str]:
@@ -148,40 +158,88 @@ def small_cnn(train_fb, train_y, test_fb, test_y, epochs: int, seed: int = 0) ->
     return float((pred == yte).float().mean())
 
 
-def run_audio(args, work: str) -> dict:
-    from mmte.training.datamodule import FolderDataModule
-
+def audio_fold(args, work: str, spk: str) -> dict:
+    """One leave-one-speaker-out fold: ``mmte fit`` on the other speakers, test on ``spk``; the baselines
+    on the same training and test clips."""
     recipe = ROOT / "recipes" / "fsdd_speakers.yaml"
     rec = os.fspath(args.data / "fsdd" / "recordings")
-    group_rx = r"^\d+_([a-z]+)_"
-    speakers = FolderDataModule(data_dir=rec, pattern="*.wav", label_regex=r"^(\d+)_", group_regex=group_rx, val_fraction=0.0).groups()
-    folds = speakers[: args.folds] if args.folds else speakers
-    cache: dict[str, torch.Tensor] = {}
-    rows = []
-    for spk in folds:
-        t0 = time.time()
-        cli = mmte_fit(["--config", os.fspath(recipe), "--data.init_args.data_dir", rec, "--data.init_args.test_groups", f"[{spk}]",
-                        "--data.init_args.val_groups", "null", "--data.init_args.val_fraction", "0", "--trainer.limit_val_batches", "0",
-                        *_scaled_epochs(recipe, args.epochs_scale)], os.path.join(work, "audio", spk))
-        res = cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)[0]
-        fit_s = time.time() - t0
-        dm = cli.datamodule
-        paths = {s: dm.row_info[s]["path"] for s in ("train", "test")}
-        labels = {s: [int(v) for v in dm.datasets[s].with_format(None)["label"]] for s in ("train", "test")}
-        for path in paths["train"] + paths["test"]:
-            if path not in cache:
-                cache[path] = _fbank(path)
-        tr_fb, tr_y = [cache[p] for p in paths["train"]], labels["train"]
-        te_fb, te_y = [cache[p] for p in paths["test"]], labels["test"]
-        lr = pooled_logreg(tr_fb, tr_y, te_fb, te_y)
-        cnn = small_cnn(tr_fb, tr_y, te_fb, te_y, epochs=max(1, round(15 * args.epochs_scale)))
-        row = {"speaker": spk, "mmte": float(res["test_acc"]), "pooled_fbank_logreg": lr, "small_cnn": cnn,
-               "train_clips": len(tr_y), "test_clips": len(te_y), "fit_s": round(fit_s)}
-        print(json.dumps(row), flush=True)
-        rows.append(row)
+    t0 = time.time()
+    cli = mmte_fit(["--config", os.fspath(recipe), "--data.init_args.data_dir", rec, "--data.init_args.test_groups", f"[{spk}]",
+                    "--data.init_args.val_groups", "null", "--data.init_args.val_fraction", "0", "--trainer.limit_val_batches", "0",
+                    *_scaled_epochs(recipe, args.epochs_scale)], os.path.join(work, "audio", spk))
+    res = cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)[0]
+    fit_s = time.time() - t0
+    dm = cli.datamodule
+    paths = {s: dm.row_info[s]["path"] for s in ("train", "test")}
+    labels = {s: [int(v) for v in dm.datasets[s].with_format(None)["label"]] for s in ("train", "test")}
+    fb = {p: _fbank(p) for p in paths["train"] + paths["test"]}
+    tr_fb, tr_y = [fb[p] for p in paths["train"]], labels["train"]
+    te_fb, te_y = [fb[p] for p in paths["test"]], labels["test"]
+    t1 = time.time()
+    lr = pooled_logreg(tr_fb, tr_y, te_fb, te_y)
+    cnn = small_cnn(tr_fb, tr_y, te_fb, te_y, epochs=max(1, round(15 * args.epochs_scale)))
+    row = {"speaker": spk, "mmte": float(res["test_acc"]), "pooled_fbank_logreg": lr, "small_cnn": cnn,
+           "train_clips": len(tr_y), "test_clips": len(te_y), "epochs": cli.trainer.current_epoch, "fit_s": round(fit_s),
+           "baselines_s": round(time.time() - t1)}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def _fold_job(args, work: str, spk: str) -> subprocess.Popen:
+    """A fold in its own process (one torch thread), for ``--jobs`` > 1."""
+    cmd = [sys.executable, os.fspath(Path(__file__).resolve()), "--family", "audio", "--fold", spk, "--epochs-scale", str(args.epochs_scale),
+           "--data", os.fspath(args.data), "--workdir", work, "--out", os.path.join(work, f"fold-{spk}.json"), "--mmte-args", args.mmte_args,
+           *(["--smoke"] if args.smoke else [])]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MMTE_THREADS": "1"}
+    with open(os.path.join(work, f"fold-{spk}.log"), "w") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _audio_summary(rows: list[dict]) -> dict:
     mean = {k: float(np.mean([r[k] for r in rows])) for k in ("mmte", "pooled_fbank_logreg", "small_cnn")}
     return {"recipe": "recipes/fsdd_speakers.yaml", "folds": rows, "mean": mean,
             "above_baselines_every_fold": all(r["mmte"] > max(r["pooled_fbank_logreg"], r["small_cnn"]) for r in rows)}
+
+
+def _merge_folds(a: dict, b: dict) -> dict:
+    """Two audio results with folds run in separate processes -> one (a fold in both: ``b``'s)."""
+    rows = {r["speaker"]: r for r in a["folds"]}
+    rows.update({r["speaker"]: r for r in b["folds"]})
+    out = {**a, **_audio_summary(sorted(rows.values(), key=lambda r: r["speaker"]))}
+    cmds = [c for c in (a.get("command"), b.get("command")) if c]
+    out["command"] = " ; ".join(dict.fromkeys(" ; ".join(cmds).split(" ; ")))
+    out["seconds"] = max(a.get("seconds", 0), b.get("seconds", 0))
+    return out
+
+
+def run_audio(args, work: str) -> dict:
+    from mmte.training.datamodule import FolderDataModule
+
+    rec = os.fspath(args.data / "fsdd" / "recordings")
+    speakers = FolderDataModule(data_dir=rec, pattern="*.wav", label_regex=r"^(\d+)_", group_regex=r"^\d+_([a-z]+)_", val_fraction=0.0).groups()
+    if args.fold:
+        unknown = sorted(set(args.fold) - set(speakers))
+        if unknown:
+            raise SystemExit(f"--fold {unknown}: not a speaker of {rec}; expected some of {speakers}")
+        folds = [s for s in speakers if s in args.fold]
+    else:
+        folds = speakers[: args.folds] if args.folds else speakers
+    if args.jobs > 1 and len(folds) > 1:
+        os.makedirs(work, exist_ok=True)
+        rows, pending = [], list(folds)
+        running: list[tuple[str, subprocess.Popen]] = []
+        while pending or running:
+            while pending and len(running) < args.jobs:
+                spk = pending.pop(0)
+                running.append((spk, _fold_job(args, work, spk)))
+            spk, proc = running.pop(0)
+            if proc.wait() != 0:
+                raise SystemExit(f"audio fold {spk} failed (exit {proc.returncode}); its log: {os.path.join(work, f'fold-{spk}.log')}")
+            rows += json.loads(Path(work, f"fold-{spk}.json").read_text())["audio"]["folds"]
+        rows.sort(key=lambda r: folds.index(r["speaker"]))
+    else:
+        rows = [audio_fold(args, work, spk) for spk in folds]
+    return _audio_summary(rows)
 
 
 # --------------------------------------------------------------------------------------------- forecast
@@ -268,40 +326,71 @@ def run_tabular(args, work: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- tables
+def _provenance(r: dict) -> list[str]:
+    e = r.get("env", {})
+    smoke = " **(--smoke: a pipeline check, figures meaningless)**" if r.get("smoke") else ""
+    line = (f"`{r.get('command', '?')}` ({r.get('date', '?')}, {r.get('seconds', '?')} s; {e.get('cpu', '?')}, {e.get('cores', '?')} logical cores, "
+            f"flags {e.get('flags') or 'n/a'}, load average {e.get('load_at_start', '?')} at the start; torch {e.get('torch', '?')}){smoke}")
+    return [line, ""]
+
+
+def goals(results: dict) -> dict[str, bool]:
+    """The issue's targets, checked on the figures."""
+    out = {}
+    if "audio" in results:
+        a = results["audio"]
+        out["audio: LOSO mean >= 0.90"] = a["mean"]["mmte"] >= 0.90
+        out["audio: above both baselines on every fold"] = bool(a["above_baselines_every_fold"])
+        out["audio: all five folds run"] = len(a["folds"]) == 5
+    if "forecast" in results:
+        r96 = [r for r in results["forecast"]["horizons"] if r["horizon"] == 96]
+        if r96:
+            out["forecast: ETTh1 MSE@96 <= 0.95 x linear"] = r96[0]["mse_vs_linear"] <= 0.95
+            out["forecast: ETTh1 MSE@96 <= 0.370"] = r96[0]["mmte"]["mse"] <= 0.370
+    if "tabular" in results:
+        r = results["tabular"]["rows"][0]
+        out["tabular: diamonds accuracy >= HistGradientBoosting"] = r["mmte"] >= r["hist_gradient_boosting"]
+    return out
+
+
 def markdown(results: dict) -> str:
     out = []
     if "audio" in results:
         a = results["audio"]
-        out += [f"### Audio: FSDD leave-one-speaker-out (`{a['recipe']}`), test accuracy on the unheard speaker", "",
-                "| held-out speaker | mmte | pooled-fbank logistic regression | small CNN |", "|---|---|---|---|"]
+        out += [f"### Audio: FSDD leave-one-speaker-out (`{a['recipe']}`), test accuracy on the unheard speaker", "", *_provenance(a),
+                "| held-out speaker | mmte | pooled-fbank logistic regression | small CNN | epochs | fit s |", "|---|---|---|---|---|---|"]
         for r in a["folds"]:
-            out.append(f"| {r['speaker']} | {r['mmte']:.3f} | {r['pooled_fbank_logreg']:.3f} | {r['small_cnn']:.3f} |")
+            out.append(f"| {r['speaker']} | {r['mmte']:.3f} | {r['pooled_fbank_logreg']:.3f} | {r['small_cnn']:.3f} | {r.get('epochs', '')} | "
+                       f"{r.get('fit_s', '')} |")
         m = a["mean"]
-        out += [f"| **mean** | **{m['mmte']:.3f}** | {m['pooled_fbank_logreg']:.3f} | {m['small_cnn']:.3f} |", "",
+        out += [f"| **mean** | **{m['mmte']:.3f}** | {m['pooled_fbank_logreg']:.3f} | {m['small_cnn']:.3f} | | |", "",
                 f"mmte above both baselines on every fold: {'yes' if a['above_baselines_every_fold'] else 'no'}.", ""]
     if "forecast" in results:
         f = results["forecast"]
-        out += [f"### Forecasting: ETTh1, input 96, stride-1 test windows (`{f['recipe']}`), standardised scale", "",
-                "| horizon | mmte MSE | mmte MAE | linear (LS) MSE | linear MAE | repeat-last MSE | mmte / linear MSE |", "|---|---|---|---|---|---|---|"]
+        out += [f"### Forecasting: ETTh1, input 96, stride-1 test windows (`{f['recipe']}`), standardised scale", "", *_provenance(f),
+                "| horizon | mmte MSE | mmte MAE | linear (LS) MSE | linear MAE | repeat-last MSE | repeat-last MAE | mmte / linear MSE | epochs |",
+                "|---|---|---|---|---|---|---|---|---|"]
         for r in f["horizons"]:
             out.append(f"| {r['horizon']} | {r['mmte']['mse']:.4f} | {r['mmte']['mae']:.4f} | {r['linear']['mse']:.4f} | {r['linear']['mae']:.4f} | "
-                       f"{r['repeat_last']['mse']:.4f} | {r['mse_vs_linear']:.3f} |")
+                       f"{r['repeat_last']['mse']:.4f} | {r['repeat_last']['mae']:.4f} | {r['mse_vs_linear']:.3f} | {r.get('epochs', '')} |")
         out.append("")
     if "tabular" in results:
         t = results["tabular"]
-        out += [f"### Tabular: diamonds `cut`, seeded stratified 80/20 split (`{t['recipe']}`), test accuracy", "",
+        out += [f"### Tabular: diamonds `cut`, seeded stratified 80/20 split (`{t['recipe']}`), test accuracy", "", *_provenance(t),
                 "| data | mmte | HistGradientBoosting | logistic regression | epochs (early stopping) | batch size |", "|---|---|---|---|---|---|"]
         for r in t["rows"]:
             out.append(f"| {r['dataset']} | {r['mmte']:.4f} | {r['hist_gradient_boosting']:.4f} | {r['logistic_regression']:.4f} | {r['epochs']} | {r['batch_size']} |")
         out.append("")
+    g = goals(results)
+    if g:
+        out += ["### Targets (issue 12)", "", "| target | met |", "|---|---|", *[f"| {k} | {'yes' if v else '**no**'} |" for k, v in g.items()], ""]
     return "\n".join(out)
 
 
-def write_section(path: Path, body: str, env: dict, command: str) -> None:
+def write_section(path: Path, body: str) -> None:
     """Replace (or append) the generalisation section of BENCHMARKS.md, between its markers."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    head = (f"## Generalisation: recipes on data they were not tuned on\n\n{MARK_BEGIN}\n`{command}` on {env['cpu']} "
-            f"({env['cores']} cores, flags: {env['flags'] or 'n/a'}; load average {env['load_at_start']} at the start), torch {env['torch']}.\n\n")
+    head = f"## Generalisation: recipes on data they were not tuned on\n\n{MARK_BEGIN}\n"
     section = head + body + f"\n{MARK_END}\n"
     if MARK_BEGIN in text and MARK_END in text:
         start = text.rindex("## Generalisation", 0, text.index(MARK_BEGIN))
@@ -312,37 +401,74 @@ def write_section(path: Path, body: str, env: dict, command: str) -> None:
     path.write_text(text)
 
 
+def _families(text: str) -> list[str]:
+    fams = [f for f in text.replace(",", " ").split() if f]
+    bad = [f for f in fams if f not in FAMILIES]
+    if bad or not fams:
+        raise argparse.ArgumentTypeError(f"unknown family {bad or text!r}; expected a comma-separated subset of {list(FAMILIES)}")
+    return fams
+
+
+FAMILIES = ("audio", "forecast", "tabular")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--family", nargs="+", choices=["audio", "forecast", "tabular"], default=["audio", "forecast", "tabular"])
+    p.add_argument("--families", "--family", dest="families", type=_families, nargs="+", action="extend", default=None,
+                   help="comma-separated: audio,forecast,tabular (default: all three)")
     p.add_argument("--folds", type=int, default=0, help="audio: run only the first N speakers' folds (0: all five)")
+    p.add_argument("--fold", nargs="+", default=None, help="audio: run only these speakers' folds")
+    p.add_argument("--jobs", type=int, default=1, help="audio: folds run at once, each in its own process with one torch thread")
     p.add_argument("--horizons", type=int, nargs="+", default=[96], help="forecast horizons (literature: 96 192 336 720)")
     p.add_argument("--epochs-scale", type=float, default=1.0, help="multiply the recipes' max_epochs (0.2: a quick check)")
     p.add_argument("--data", type=Path, default=DATA, help="the shared data folder (fsdd/, ett/, tabular/)")
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "generalisation.json")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "generalisation.json",
+                   help="JSON results; families not run this time keep their earlier entry there (each with its own command)")
+    p.add_argument("--fresh", action="store_true", help="drop the families not run this time from --out")
+    p.add_argument("--merge", nargs="+", type=Path, default=None,
+                   help="run nothing: merge the families of these results files (e.g. runs made side by side) into --out and print the tables")
     p.add_argument("--write", type=Path, default=None, help="also write the tables into this BENCHMARKS.md")
     p.add_argument("--workdir", default=None, help="where the runs' logs and checkpoints go (default: a temporary folder)")
+    p.add_argument("--mmte-args", default="", help="extra `mmte fit` arguments for every run, e.g. \"--model.lr 3e-4\" (recipe variants)")
     p.add_argument("--smoke", action="store_true", help="a pipeline check: tiny backbone, 2 training batches, 1 epoch (figures meaningless)")
     args = p.parse_args(argv)
+    families = list(dict.fromkeys([f for group in args.families or [FAMILIES] for f in group]))
     if args.smoke:
         SMOKE[:] = ["--config", os.fspath(ROOT / "configs" / "encoders" / "tiny.yaml"), "--trainer.max_epochs", "1",
                     "--trainer.limit_train_batches", "2"]
         args.epochs_scale = min(args.epochs_scale, 1 / 15)
+    EXTRA[:] = shlex.split(args.mmte_args)
     env = _cpu()
     work = args.workdir or tempfile.mkdtemp(prefix="mmte-generalisation-")
-    results: dict = {"env": env, "argv": sys.argv[1:] if argv is None else argv}
-    runners = {"audio": run_audio, "forecast": run_forecast, "tabular": run_tabular}
-    for fam in args.family:
-        t0 = time.time()
-        results[fam] = runners[fam](args, work)
-        results[fam]["seconds"] = round(time.time() - t0)
+    argv_used = sys.argv[1:] if argv is None else argv
+    command = "python bench/generalisation.py " + " ".join(shlex.quote(a) for a in argv_used)
+    new: dict = {}
+    if args.merge:
+        for path in args.merge:
+            for fam, res in json.loads(path.read_text()).items():
+                if fam == "audio" and "audio" in new:  # folds run as separate processes: one table
+                    new["audio"] = _merge_folds(new["audio"], res)
+                elif fam in FAMILIES:
+                    new[fam] = res
+    else:
+        runners = {"audio": run_audio, "forecast": run_forecast, "tabular": run_tabular}
+        for fam in families:
+            t0 = time.time()
+            res = runners[fam](args, work)
+            res.update(seconds=round(time.time() - t0), command=command.strip(), env=env, smoke=args.smoke,
+                       date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+            new[fam] = res
+    results: dict = {}
+    if not args.fresh and args.out.exists():  # read now, not at the start: runs side by side share one --out
+        results = {k: v for k, v in json.loads(args.out.read_text()).items() if k in FAMILIES}
+    results.update(new)
+    results = {k: results[k] for k in FAMILIES if k in results}
     body = markdown(results)
     print(body)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
     if args.write:
-        cmd = "python bench/generalisation.py " + " ".join(results["argv"])
-        write_section(args.write, body, env, cmd.strip())
+        write_section(args.write, body)
     return 0
 
 

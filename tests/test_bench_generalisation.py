@@ -1,0 +1,90 @@
+"""bench/generalisation.py's bookkeeping: the least-squares baseline against numpy's solver on a known
+linear series, audio folds run as separate processes joined into one table, the issue's targets, and the
+BENCHMARKS.md section replaced in place (no training: the bench's runs are checked by its --smoke)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_generalisation", ROOT / "bench" / "generalisation.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class _Windows:
+    """A stand-in forecast data module: ``_loader(split, shuffle)`` yields window batches."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, xt: np.ndarray, yt: np.ndarray):
+        self.split = {"train": (x, y), "test": (xt, yt)}
+
+    def _loader(self, split, shuffle):
+        x, y = self.split[split]
+        for i in range(0, len(x), 7):
+            yield {"time_series": torch.from_numpy(x[i : i + 7]), "target": torch.from_numpy(y[i : i + 7])}
+
+
+def test_linear_baseline_recovers_a_linear_map(bench):
+    rng = np.random.default_rng(0)
+    x, xt = rng.normal(size=(40, 5, 2)), rng.normal(size=(9, 5, 2))
+    w = rng.normal(size=(5, 3))
+    y, yt = np.einsum("blc,lh->bhc", x, w) + 0.5, np.einsum("blc,lh->bhc", xt, w) + 0.5
+    out = bench.linear_baselines(_Windows(x, y, xt, yt))
+    assert out["linear"]["mse"] < 1e-20 and out["train_windows"] == 40 and out["test_windows"] == 9
+    rl = np.repeat(xt[:, -1:], 3, 1)
+    assert out["repeat_last"]["mse"] == pytest.approx(float(((rl - yt) ** 2).mean()), rel=1e-12)
+    assert out["repeat_last"]["mae"] == pytest.approx(float(np.abs(rl - yt).mean()), rel=1e-12)
+
+
+def _fold(spk: str, acc: float, lr: float, cnn: float) -> dict:
+    return {"speaker": spk, "mmte": acc, "pooled_fbank_logreg": lr, "small_cnn": cnn}
+
+
+def test_folds_from_separate_processes_join_into_one_table(bench, tmp_path):
+    accs = {"george": (0.78, 0.441, 0.261), "jackson": (0.84, 0.51, 0.42), "theo": (0.89, 0.63, 0.49), "yweweler": (0.73, 0.75, 0.38)}
+    files = []
+    for i, (spk, (a, lr, cnn)) in enumerate(accs.items()):
+        p = tmp_path / f"fold-{spk}.json"
+        p.write_text(json.dumps({"audio": {"folds": [_fold(spk, a, lr, cnn)], "command": f"run {spk}", "seconds": 10 + i}}))
+        files.append(str(p))
+    fc = tmp_path / "forecast.json"
+    fc.write_text(json.dumps({"forecast": {"recipe": "r", "horizons": [{"horizon": 96, "mmte": {"mse": 0.376, "mae": 0.397}, "linear": {"mse": 0.3815, "mae": 0.39},
+                                                                        "repeat_last": {"mse": 1.29, "mae": 0.71}, "mse_vs_linear": 0.376 / 0.3815}]}}))
+    out, md = tmp_path / "all.json", tmp_path / "BENCHMARKS.md"
+    md.write_text("# Benchmarks\n\n## Other\n\nkept\n")
+    assert bench.main(["--merge", *files, str(fc), "--out", str(out), "--write", str(md)]) == 0
+    res = json.loads(out.read_text())
+    a = res["audio"]
+    assert [r["speaker"] for r in a["folds"]] == sorted(accs)
+    assert a["mean"]["mmte"] == pytest.approx(np.mean([v[0] for v in accs.values()]))
+    assert a["mean"]["pooled_fbank_logreg"] == pytest.approx(np.mean([v[1] for v in accs.values()]))
+    assert a["above_baselines_every_fold"] is False  # yweweler: 0.73 < 0.75
+    assert a["command"] == "run george ; run jackson ; run theo ; run yweweler" and a["seconds"] == 13
+    assert bench.goals(res) == {"audio: LOSO mean >= 0.90": False, "audio: above both baselines on every fold": False,
+                                "audio: all five folds run": False, "forecast: ETTh1 MSE@96 <= 0.95 x linear": False,
+                                "forecast: ETTh1 MSE@96 <= 0.370": False}
+    text = md.read_text()
+    assert "| **mean** | **0.810** | 0.583 | 0.388 | | |" in text and "## Other\n\nkept\n" in text
+    # a second write replaces the section between its markers; what follows the section stays
+    md.write_text(text + "notes after the section\n")
+    assert bench.main(["--merge", str(fc), "--out", str(out), "--write", str(md)]) == 0
+    again = md.read_text()
+    assert again.count("## Generalisation") == 1 and again.count(bench.MARK_BEGIN) == 1 and again.endswith("notes after the section\n")
+    assert "| 96 | 0.3760 | 0.3970 | 0.3815 |" in again and "| **mean** | **0.810**" in again  # the audio entry kept in --out
+
+
+def test_families_option_names_the_bad_value(bench, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--families", "audio,vision"])
+    assert "unknown family ['vision']; expected a comma-separated subset of ['audio', 'forecast', 'tabular']" in capsys.readouterr().err
