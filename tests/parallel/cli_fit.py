@@ -105,7 +105,8 @@ def main() -> None:
     torch.set_num_threads(1)
     out, runs = sys.argv[1], json.loads(Path(sys.argv[2]).read_text())
     results = {}
-    rank0 = os.environ.get("RANK", "0") == "0"  # the process group starts inside the first fit
+    # the process group starts inside the first fit; SLURM launches set SLURM_PROCID, torchrun RANK
+    env_rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
     for name, args in runs.items():
         try:
             results[name] = run(args)
@@ -113,12 +114,13 @@ def main() -> None:
             traceback.print_exc()
             results[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
             # the other ranks may wait in a collective of this run forever: record and end the whole launch
-            with open(f"{out}.error-{os.environ.get('RANK', '0')}", "w") as f:
+            with open(f"{out}.error-{env_rank}", "w") as f:
                 json.dump({name: results[name]}, f)
             sys.stdout.flush()
             os._exit(1)
         if torch.distributed.is_initialized():
             torch.distributed.barrier()
+        rank0 = torch.distributed.get_rank() == 0 if torch.distributed.is_initialized() else env_rank == "0"
         if rank0:  # written after every run, so a later failure keeps the earlier results
             with open(out, "w") as f:
                 json.dump(results, f, indent=1)
