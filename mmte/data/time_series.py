@@ -41,6 +41,16 @@ ETT_MINUTE_BORDERS = tuple(4 * b for b in ETT_HOURLY_BORDERS)
 ETT_COLUMNS = ("HUFL", "HULL", "MUFL", "MULL", "LUFL", "LULL", "OT")
 
 
+def _select_columns(df, columns: Sequence[str] | None, where: str):
+    """``df`` restricted to ``columns`` in that order (None: all), or an error naming the missing ones."""
+    if columns is None:
+        return df
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"columns {missing} are not in {where}; it has {list(df.columns)}")
+    return df[list(columns)]
+
+
 def load_csv_series(path: str | os.PathLike, columns: Sequence[str] | None = None, time_column: str | None = "date") -> tuple[np.ndarray, list[str]]:
     """Read a CSV of numeric columns (e.g. ETTh1) -> (values ``[T, C]`` float32, column names)."""
     import pandas as pd
@@ -48,11 +58,7 @@ def load_csv_series(path: str | os.PathLike, columns: Sequence[str] | None = Non
     df = pd.read_csv(path)
     if time_column is not None and time_column in df.columns:
         df = df.drop(columns=[time_column])
-    if columns is not None:
-        missing = [c for c in columns if c not in df.columns]
-        if missing:
-            raise ValueError(f"columns {missing} are not in {os.fspath(path)}; it has {list(df.columns)}")
-        df = df[list(columns)]
+    df = _select_columns(df, columns, os.fspath(path))
     try:
         values = df.to_numpy(dtype=np.float64)
     except ValueError as e:
@@ -98,11 +104,7 @@ def read_series(
         except (ValueError, TypeError) as e:
             raise ValueError(f"{option} {p!r}: column {time_column!r} does not parse as timestamps ({e}); set time_column to the timestamp column or null") from None
         df = df.drop(columns=[time_column])
-    if columns is not None:
-        missing = [c for c in columns if c not in df.columns]
-        if missing:
-            raise ValueError(f"columns {missing} are not in {p}; it has {list(df.columns)}")
-        df = df[list(columns)]
+    df = _select_columns(df, columns, p)
     vals = df.apply(pd.to_numeric, errors="coerce").to_numpy(dtype=np.float64)
     with np.errstate(invalid="ignore"):
         bad = ~np.isfinite(vals) | (np.abs(vals) > np.finfo(np.float32).max)  # beyond float32: it would become inf
