@@ -101,6 +101,11 @@ def ort_session(path: str, threads: int):
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # onnxruntime's worker threads spin for a while after each run by default; in interleaved rounds
+    # that spinning takes the cores from whichever variant is timed next (it made mmte's batch-1
+    # latency read 26 ms instead of 5 ms in an earlier run of this script), so they sleep instead
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 

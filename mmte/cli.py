@@ -1036,12 +1036,15 @@ class _StderrHandler(logging.StreamHandler):
 
 def _setup_logging() -> None:
     mlog = logging.getLogger("mmte")
-    if not mlog.handlers:  # one line per transformation applied (DESIGN.md house style)
+    # one line per transformation applied (DESIGN.md house style); a handler someone else attached
+    # (a test capturing the lines, an application's own) does not replace ours
+    if not any(isinstance(h, _StderrHandler) for h in mlog.handlers):
         h = _StderrHandler()
         h.setFormatter(logging.Formatter("mmte: %(message)s"))
         mlog.addHandler(h)
-        mlog.setLevel(logging.INFO)
         mlog.propagate = False
+    if mlog.level == logging.NOTSET:
+        mlog.setLevel(logging.INFO)
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)  # "Seed set to 0" on every command
     _quiet_library_noise()
 

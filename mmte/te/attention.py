@@ -94,6 +94,18 @@ def cpu_lowp_attention(
     return torch.matmul(probs, v)
 
 
+# Below this many query rows (batch x heads x tokens) SDPA's fused CPU kernel beats the two bf16 GEMMs:
+# their per-call set-up dominates tiny problems (2-core AVX-512-BF16 EPYC, head size 64: one item of
+# 5 tokens and 6 heads 21 us SDPA vs 62 us; 64 tokens 101 vs 121 us; 128 tokens 280 vs 220 us).
+_LOWP_MIN_ROWS = 512
+
+
+def _use_cpu_lowp(q: torch.Tensor) -> bool:
+    if q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16) or torch.compiler.is_compiling():
+        return False
+    return q.shape[0] * q.shape[1] * q.shape[2] >= _LOWP_MIN_ROWS
+
+
 class DotProductAttention(nn.Module):
     """``softmax(Q K^T * scale + mask) V`` on ``torch.nn.functional.scaled_dot_product_attention``.
 
@@ -106,10 +118,11 @@ class DotProductAttention(nn.Module):
         softmax_scale: default ``1/sqrt(kv_channels)``.
         backend: force an SDPA backend (``"math"``, ``"flash"``, ``"efficient"``, ``"cudnn"``); default
             ``None`` lets PyTorch choose per device (flash / memory-efficient / cuDNN on GPUs, the fused
-            CPU kernel on CPUs) — except bf16/fp16 on a CPU, which runs :func:`cpu_lowp_attention`
-            (two batched GEMMs around a softmax): measured on an AVX-512-BF16 CPU at ViT-S shapes
-            (8 x 197 tokens, 6 heads of 64) its forward + backward took 70 ms against 155 ms for the
-            flash kernel in bf16, whose backward is not bf16-optimised there.
+            CPU kernel on CPUs) — except bf16/fp16 on a CPU with at least 512 query rows (batch x
+            heads x tokens), which runs :func:`cpu_lowp_attention` (two batched GEMMs around a
+            softmax): measured on an AVX-512-BF16 CPU at ViT-S shapes (8 x 197 tokens, 6 heads of 64)
+            its forward + backward took 70 ms against 155 ms for the flash kernel in bf16, whose
+            backward is not bf16-optimised there; below 512 rows the fused kernel is faster.
 
     Inputs are ``[B, N, H, head_dim]`` (TE's ``bshd``); the output is ``[B, N, H * head_dim]``.
     """
@@ -163,7 +176,7 @@ class DotProductAttention(nn.Module):
                 causal = False
         q, k, v = (t.transpose(1, 2) for t in (query, key, value))
         dropout_p = self.attention_dropout if self.training else 0.0
-        if self.backend is None and q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and not torch.compiler.is_compiling():
+        if self.backend is None and _use_cpu_lowp(q):
             out = cpu_lowp_attention(q, k, v, mask, causal, self.softmax_scale, dropout_p)
             return out.transpose(1, 2).flatten(2)
         with self._kernel_ctx():

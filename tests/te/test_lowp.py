@@ -185,14 +185,23 @@ def test_dot_product_attention_takes_the_bf16_composition_on_cpu():
     from mmte.te import DotProductAttention
 
     attn = DotProductAttention(2, 8)
-    q = torch.randn(2, 5, 2, 8, dtype=BF16)
+    q = torch.randn(4, 64, 2, 8, dtype=BF16)  # 4 x 2 heads x 64 tokens = 512 query rows: the two GEMMs
     with OpLog() as log:
-        attn(q, q, q)
+        out = attn(q, q, q)
     names = [o[0] for o in log.ops]
     assert "bmm" in names and "_softmax" in names and not any("scaled_dot_product" in nm for nm in names)
+    qf = q.float()
+    ref = attn(qf, qf, qf)
+    assert (out.float() - ref).abs().max().item() < 3e-2
     with OpLog() as log:
-        attn(q.float(), q.float(), q.float())
+        attn(qf, qf, qf)
     assert any("scaled_dot_product" in o[0] for o in log.ops)  # fp32 keeps SDPA's fused kernel
+    small = q[:1, :5]  # 1 x 2 x 5 = 10 rows: SDPA's fused kernel, faster than two tiny GEMMs
+    with OpLog() as log:
+        out = attn(small, small, small)
+    assert any("scaled_dot_product" in o[0] for o in log.ops) and "bmm" not in [o[0] for o in log.ops]
+    sf = small.float()
+    assert out.dtype == BF16 and (out.float() - attn(sf, sf, sf)).abs().max().item() < 3e-2
 
 
 # ------------------------------------------------------------------------- precision: auto (CLI)
