@@ -1089,8 +1089,43 @@ def _quiet_library_noise() -> None:
             log.addFilter(_DropMessages(prefix, contains))
 
 
+def _exit_now(code: int) -> None:
+    """End the process with ``code`` without the interpreter's teardown.
+
+    Tearing down the modules that Lightning pulls in (torch, torchmetrics, torchvision, sympy, ...)
+    takes 1.2-1.6 s on two cores, a twentieth of the quickstart. Everything a normal exit does that
+    matters is done first: other non-daemon threads are joined, ``atexit`` handlers run (DataLoader
+    workers, torch.distributed, temporary files), logging handlers and the standard streams are flushed
+    and closed. Files are written by mmte and Lightning's loggers inside ``with`` blocks or closed at
+    the end of the run. ``MMTE_FAST_EXIT=0`` keeps the ordinary exit.
+    """
+    import atexit
+    import threading
+
+    for t in threading.enumerate():
+        if t is not threading.main_thread() and not t.daemon:
+            t.join()
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or a vanished pipe: nothing left to write
+            pass
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``mmte`` console script and ``python -m mmte``; returns the exit status."""
+    """Entry point of the ``mmte`` console script and ``python -m mmte``; returns the exit status
+    (as the console script, the process ends there: see :func:`_exit_now`)."""
+    from_sys = argv is None
+    code = _main(argv)
+    if from_sys and os.environ.get("MMTE_FAST_EXIT", "1") != "0":
+        _exit_now(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     from ._signals import install_cli_signal_handlers
     from .errors import Interrupted
 

@@ -376,12 +376,31 @@ def _table_columns(path: str, kind: str) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------- arrays
+def _bundled_digits() -> tuple[np.ndarray, np.ndarray] | None:
+    """scikit-learn's bundled ``digits.csv.gz`` read directly (64 pixel columns in 0..16, then the
+    label), as ``load_digits`` reads it, without importing scikit-learn (a third of a second, a
+    sixtieth of the quickstart); None where the file is not where scikit-learn keeps it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
+    if not path.is_file():
+        return None
+    data = np.loadtxt(path, delimiter=",")
+    return data[:, :-1].reshape(-1, 8, 8).astype(np.float32) / 16.0, data[:, -1].astype(np.int64)
+
+
 def sklearn_arrays(name: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """One of scikit-learn's bundled datasets -> ``(x, y, class_names)``; digits as ``[N, 8, 8]`` in [0, 1]."""
-    import sklearn.datasets as skd
-
     if name not in SKLEARN_DATASETS:
         raise ValueError(f"unknown scikit-learn dataset {name!r}; expected one of {SKLEARN_DATASETS}")
+    if name == "digits" and (direct := _bundled_digits()) is not None:
+        x, y = direct
+        return x, y, [str(i) for i in range(10)]
+    import sklearn.datasets as skd
+
     d = getattr(skd, f"load_{name}")()
     x = np.asarray(d.data, dtype=np.float32)
     if name == "digits":

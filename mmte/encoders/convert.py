@@ -15,6 +15,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "Encoder",
+    "bert_backbone",
     "deinterleave_qkv",
     "from_hf",
     "from_timm",
@@ -467,11 +469,17 @@ def _strip_base(sd: dict[str, Tensor], bases: tuple[str, ...]) -> dict[str, Tens
     return sd
 
 
-def _from_hf_bert(model: nn.Module, fused: bool) -> Encoder:
-    cfg = model.config
+def bert_backbone(sd: dict[str, Tensor], cfg: Any, fused: bool = False) -> Backbone:
+    """The transformer trunk of a BERT checkpoint as a :class:`Backbone`, from its state dict (keys as
+    ``BertModel.state_dict()``, with or without the ``bert.`` prefix; embeddings are not needed) and its
+    config (a ``BertConfig`` or anything with the same attributes, e.g. the parsed ``config.json``).
+
+    Raises:
+        ValueError: relative position embeddings, an unknown activation, or keys of another layout.
+    """
     if getattr(cfg, "position_embedding_type", "absolute") != "absolute":
         raise ValueError(f"only absolute position embeddings are supported; got {cfg.position_embedding_type!r}")
-    sd = _strip_base(model.state_dict(), ("bert.",))
+    sd = _strip_base(dict(sd), ("bert.",))
     names = _pick_names(
         sd,
         [
@@ -485,7 +493,13 @@ def _from_hf_bert(model: nn.Module, fused: bool) -> Encoder:
         n, cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size, activation=_hf_act(cfg.hidden_act),
         layernorm_epsilon=cfg.layer_norm_eps, layer_norm_position="post", final_norm=False,
     )
-    backbone = _build(config, _hf_layers(sd, n, names), {}, fused, "BERT encoder")
+    return _build(config, _hf_layers(sd, n, names), {}, fused, "BERT encoder")
+
+
+def _from_hf_bert(model: nn.Module, fused: bool) -> Encoder:
+    cfg = model.config
+    sd = _strip_base(model.state_dict(), ("bert.",))
+    backbone = bert_backbone(sd, cfg, fused)
     tok = TextTokenizer(
         cfg.hidden_size, cfg.vocab_size, cfg.max_position_embeddings, cfg.type_vocab_size,
         cfg.pad_token_id if cfg.pad_token_id is not None else 0, cfg.layer_norm_eps,

@@ -46,7 +46,9 @@ def _snapshot(cache: Path, repo: str) -> Path:
 
 
 def _assert_same_state(backbone, ref_state) -> None:
-    own = backbone.state_dict()
+    """The backbone's pretrained tensors equal ``ref_state`` exactly (LoRA adapters, which are not
+    pretrained, left aside)."""
+    own = {k: v for k, v in backbone.state_dict().items() if ".lora." not in k}
     assert set(own) == set(ref_state)
     for k, v in ref_state.items():
         torch.testing.assert_close(own[k], v, rtol=0, atol=0)
@@ -113,6 +115,34 @@ def test_hf_hub_id_from_cache(hub):
     )
     with pytest.raises(ValueError, match=r"'a/b/c' is neither a local Hugging Face model folder nor a hub id 'org/name'"):
         resolve_backbone_source("hf:a/b/c")
+
+
+def test_bert_folder_is_read_without_building_the_hf_model(tmp_path, caplog):
+    """A BERT folder with model.safetensors is read straight from the file (no transformers model built);
+    sharded/.bin folders and masked-LM checkpoints (``bert.`` keys) give the same trunk as from_hf."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                  max_position_embeddings=16, hidden_act="gelu_new")
+    torch.manual_seed(3)
+    ref = transformers.BertModel(cfg, add_pooling_layer=False).eval()
+    want = from_hf(ref).backbone.state_dict()
+    ref.save_pretrained(tmp_path / "st")
+    with caplog.at_level("INFO", logger="mmte"):
+        fast = sources._bert_folder_backbone(os.fspath(tmp_path / "st"))
+    assert fast is not None and "read BERT trunk from" in caplog.text
+    _assert_same_state(fast, want)
+    x = torch.randn(2, 5, 32)
+    torch.testing.assert_close(fast.eval()(x), ref.encoder(x).last_hidden_state, rtol=1.3e-6, atol=1e-5)
+
+    ref.config.save_pretrained(tmp_path / "bin")  # pytorch_model.bin weights: transformers reads them
+    torch.save(ref.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
+    assert sources._bert_folder_backbone(os.fspath(tmp_path / "bin")) is None
+    _assert_same_state(resolve_backbone_source(f"hf:{tmp_path / 'bin'}"), want)
+
+    mlm = transformers.BertForMaskedLM(cfg).eval()
+    mlm.bert.load_state_dict(ref.state_dict(), strict=False)
+    mlm.save_pretrained(tmp_path / "mlm")
+    _assert_same_state(sources._bert_folder_backbone(os.fspath(tmp_path / "mlm")), want)
 
 
 def test_open_clip_source_from_cache(hub, tmp_path, monkeypatch):
@@ -193,6 +223,7 @@ def test_fit_with_a_cached_timm_backbone_through_the_cli(hub, tmp_path):
     _assert_same_state(cli.model.model.backbone, from_timm(ref).backbone.state_dict())  # frozen: unchanged by training
     ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["mmte"]["frozen"]["source"] == "timm:test_vit.r160_in1k"
-    assert not any(k.startswith("model.backbone.") for k in ckpt["state_dict"])
+    in_ckpt = [k for k in ckpt["state_dict"] if k.startswith("model.backbone.")]
+    assert in_ckpt and all(".lora." in k for k in in_ckpt)  # the recipe's LoRA adapters, no frozen weight
     loaded = MMTEModule.load_from_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt", strict=True)
     _assert_same_state(loaded.model.backbone, from_timm(ref).backbone.state_dict())

@@ -150,8 +150,7 @@ def test_other_pipeline_schedules_and_joint_fusion_train_like_one_process(tmp_pa
 def _matrix_args(tmp: Path, name: str, precision: str, adapter: str, dp: int) -> list[str]:
     args = ["--config", str(REPO / "recipes" / "quickstart.yaml"), "--config", str(REPO / "configs" / "encoders" / "tiny.yaml"),
             "--model.backbone", "{preset: tiny, num_layers: 4}", "--precision", "32-true"]
-    if adapter == "lora":
-        args += ["--config", str(REPO / "configs" / "models" / "lora.yaml")]
+    args += ["--config", str(REPO / "configs" / "models" / "lora.yaml")] if adapter == "lora" else ["--model.lora", "null"]
     if precision != "fp32":
         args += ["--config", str(FP8[precision])]
     return args + ["--trainer.max_steps", "2", "--trainer.limit_val_batches", "1", "--trainer.enable_progress_bar", "false",

@@ -262,3 +262,13 @@ def test_array_datamodule_arrow_cache_equals_lazy(tmp_path):
     assert len(list((tmp_path / "c").glob("mmte-*.arrow"))) == 1  # only the split asked for is built
     next(iter(cached.train_dataloader()))
     assert len(list((tmp_path / "c").glob("mmte-*.arrow"))) == 2
+
+
+def test_digits_read_from_the_bundled_file_equal_scikit_learns_loader():
+    from sklearn.datasets import load_digits
+
+    x, y, names = mds.sklearn_arrays("digits")
+    d = load_digits()
+    np.testing.assert_array_equal(x, np.asarray(d.images, dtype=np.float32) / 16.0)
+    np.testing.assert_array_equal(y, d.target)
+    assert names == [str(n) for n in d.target_names] and x.dtype == np.float32 and x.shape == (1797, 8, 8)
