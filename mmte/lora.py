@@ -42,7 +42,10 @@ class LoRA(nn.Module):
         nn.init.zeros_(self.B)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (self.dropout(x) @ self.A.t().to(x.dtype)) @ self.B.t().to(x.dtype) * self.scale
+        if self.dropout.p > 0:
+            x = self.dropout(x)
+        # the scale multiplies the rank-wide intermediate, not the full-width output: one pass less
+        return ((x @ self.A.t().to(x.dtype)) * self.scale) @ self.B.t().to(x.dtype)
 
 
 def _lora_hook(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:

@@ -174,6 +174,24 @@ def test_freeze_policies_and_globs():
     assert model.freeze("none") == [n for n, _ in model.named_parameters()]
 
 
+def test_lora_linear_equals_the_naive_low_rank_update():
+    from mmte.lora import apply_lora
+    from mmte.te import Linear
+
+    torch.manual_seed(0)
+    holder = torch.nn.Module()
+    holder.proj = Linear(16, 24)
+    apply_lora(holder, rank=4, alpha=8.0, targets=["proj"])
+    with torch.no_grad():
+        holder.proj.lora.B.normal_()
+    x = torch.randn(3, 5, 16, dtype=torch.float64)
+    w, b = holder.proj.weight.double(), holder.proj.bias.double()
+    a_, b_ = holder.proj.lora.A.double(), holder.proj.lora.B.double()
+    ref = x @ w.T + b + (8.0 / 4) * (x @ a_.T @ b_.T)
+    out = holder.proj(x.float())
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
 def test_lora_starts_as_identity_and_trains_only_adapters():
     torch.manual_seed(0)
     plain = mmte.MetaTransformer({"image": IMG}, "tiny", {"h": {"name": "classification", "num_classes": 3}})
