@@ -989,8 +989,19 @@ def env_report() -> list[tuple[str, str]]:
         ("cores", f"{c.physical_cores} physical, {c.logical_cores} logical (this process's affinity)"),
         ("torch threads", str(torch.get_num_threads())),
         ("precision auto", "{} ({})".format(*mdev.choose_precision(dev))),
+        ("inference prepack", _prepack_row()),
     ]
     return rows
+
+
+def _prepack_row() -> str:
+    """Which CPU GEMM weights ``mmte predict`` / ``model.inference()`` prepack here (:mod:`mmte.te.prepack`)."""
+    import torch
+
+    from .te.prepack import available
+
+    kinds = [n for n, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)) if available(dt)]
+    return f"{' and '.join(kinds)} GEMM weights (oneDNN blocked layout)" if kinds else "unavailable (no oneDNN in this torch build)"
 
 
 def env_main(argv: list[str]) -> int:

@@ -147,5 +147,9 @@ def test_mmte_env_and_version(capsys):
     assert env["precision auto"].startswith(device.choose_precision("cpu")[0] + " (")
     for pkg in ("lightning", "timm", "onnxruntime"):
         assert pkg in env
+    from mmte.te.prepack import available
+
+    want = " and ".join(n for n, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)) if available(dt))
+    assert env["inference prepack"].startswith(want + " GEMM weights" if want else "unavailable")
     assert main(["env"]) == 0
     assert capsys.readouterr().out.splitlines()[0].split() == ["mmte", __version__]
