@@ -23,10 +23,20 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["LOW_PRECISION", "cast_param", "clear_cache"]
+__all__ = ["LOW_PRECISION", "cast_param", "clear_cache", "identity"]
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 _ATTR = "_mmte_lowp_cache"
+
+
+def identity(t: torch.Tensor) -> tuple:
+    """What says a cached derivative of ``t`` is still valid: its dtype, device, storage address, shape
+    and version counter (bumped by every in-place change: ``load_state_dict``'s ``copy_``, an optimiser
+    step). An inference tensor (made under ``torch.inference_mode``, e.g. weights loaded while
+    predicting) has no version counter; it cannot be changed in place outside inference mode, so its
+    address identifies it. Whoever caches on this key keeps ``t``'s storage referenced, so that a new
+    tensor at the same address with version 0 cannot match it."""
+    return (t.dtype, t.device, t.data_ptr(), tuple(t.shape), -1 if t.is_inference() else t._version)
 
 
 def cast_param(p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -43,9 +53,7 @@ def cast_param(p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return p
     if (p.requires_grad and torch.is_grad_enabled()) or type(p.data) is not torch.Tensor or torch.compiler.is_compiling():
         return p.to(dtype)
-    # an inference tensor (made under torch.inference_mode, e.g. weights loaded while predicting) has no
-    # version counter; it cannot be changed in place outside inference mode, so its address identifies it
-    key = (dtype, p.device, p.data_ptr(), -1 if p.is_inference() else p._version)
+    key = (dtype, identity(p))
     hit = getattr(p, _ATTR, None)
     if hit is not None and hit[0] == key:
         return hit[1]

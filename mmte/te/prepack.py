@@ -25,6 +25,8 @@ import functools
 import torch
 from torch import nn
 
+from .lowp import identity
+
 __all__ = ["PACKABLE", "available", "pack", "packed_linear", "unpack"]
 
 PACKABLE = (torch.float32, torch.bfloat16)
@@ -65,10 +67,6 @@ class _Packed:
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["rows"])
-
-
-def _key(w: torch.Tensor) -> tuple:
-    return (w.dtype, w.device, w.data_ptr(), tuple(w.shape), -1 if w.is_inference() else w._version)
 
 
 def pack(module: nn.Module, rows: int = 1) -> int:
@@ -116,7 +114,7 @@ def packed_linear(m: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     w, b = m.weight, m.bias
     if x.dtype != w.dtype or x.device.type != "cpu" or w.requires_grad or (b is not None and b.dtype != w.dtype):
         return None
-    key = _key(w)
+    key = identity(w)
     if p.key != key:
         with torch.inference_mode(False), torch.no_grad():
             p.source = w.detach()

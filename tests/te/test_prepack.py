@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from mmte.te import Linear
 from mmte.te.prepack import available, pack, unpack
+from tests.te.test_lowp import OpLog
 
 ROOT = Path(__file__).resolve().parents[2]
 BF16 = torch.bfloat16
@@ -27,20 +28,10 @@ def _lin(dtype=torch.float32, k=48, n=40) -> Linear:
 
 
 def _ops(fn) -> list[str]:
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Log(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names: list[str] = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(str(func.overloadpacket))
-            return func(*args, **(kwargs or {}))
-
-    with Log() as log:
+    """The aten op names ``fn`` runs (``_linear_pointwise`` for a packed GEMM, ``addmm`` for F.linear)."""
+    with OpLog() as log:
         fn()
-    return log.names
+    return [name for name, _, _ in log.ops]
 
 
 @needs_fp32
@@ -55,7 +46,7 @@ def test_packed_fp32_gemm_matches_naive_reference(rows):
     ref = (x.double() @ lin.weight.double().T + lin.bias.double()).float()
     assert out.shape == (2, rows, 40)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    assert any("_linear_pointwise" in nm for nm in names) and not any(nm.endswith("addmm") for nm in names)
+    assert "_linear_pointwise" in names and "addmm" not in names
 
 
 @pytest.mark.skipif(not available(BF16), reason="no native bf16 GEMMs on this CPU (prepacking bf16 is refused)")
