@@ -17,6 +17,16 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 
+def load_bench(name: str):
+    """A script of ``bench/`` (``bench/<name>.py``) imported as a module, for testing its functions."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def need_data(path: Path, what: str) -> Path:
     """``path`` if it exists; otherwise skip the calling test (a developer's checkout without ../shared/data),
     or fail it under CI, where the data must be there."""

@@ -4,23 +4,18 @@ BENCHMARKS.md section replaced in place (no training: the bench's runs are check
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_generalisation", ROOT / "bench" / "generalisation.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from tests.conftest import load_bench
+
+    return load_bench("generalisation")
 
 
 class _Windows:

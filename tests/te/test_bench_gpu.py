@@ -3,22 +3,17 @@ why, write the reason, exit 0 or 1 with --require-gpu) are what a CPU machine ca
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
 def gpu_bench():
-    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "bench" / "gpu.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from tests.conftest import load_bench
+
+    return load_bench("gpu")
 
 
 def test_arguments(gpu_bench, capsys):
