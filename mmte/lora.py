@@ -4,6 +4,10 @@
 model's output is unchanged when the adapters are added. The adapter is a child module ``lora`` of the
 Linear it adapts (parameters ``<linear>.lora.A`` / ``.B``): a later pass that *replaces* Linears (an
 FP8 conversion) carries ``lora`` and the hook over.
+
+``lr_scale`` multiplies the learning rate of an adapter's parameters (the optimiser groups of
+:func:`mmte.training.optim.param_group_spec` read it from the module): adapters on a pretrained trunk
+usually want a smaller step than freshly initialised tokenizers and heads trained beside them.
 """
 
 from __future__ import annotations
@@ -26,11 +30,16 @@ DEFAULT_LORA_TARGETS = ("layers.*.self_attention.layernorm_qkv.linear", "layers.
 class LoRA(nn.Module):
     """A low-rank adapter ``scale * B A x`` for one Linear (``A`` [r, in], ``B`` [out, r])."""
 
-    def __init__(self, in_features: int, out_features: int, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0):
+    def __init__(
+        self, in_features: int, out_features: int, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0, lr_scale: float = 1.0
+    ):
         super().__init__()
         if not isinstance(rank, int) or rank < 1:
             raise ValueError(f"LoRA rank must be a positive int; got {rank!r}")
+        if not isinstance(lr_scale, (int, float)) or isinstance(lr_scale, bool) or not 0 < lr_scale < math.inf:
+            raise ValueError(f"LoRA lr_scale must be a positive finite number (the adapters' lr = lr * lr_scale); got {lr_scale!r}")
         self.rank, self.alpha, self.scale = rank, alpha, alpha / rank
+        self.lr_scale = float(lr_scale)
         self.A = nn.Parameter(torch.empty(rank, in_features))
         self.B = nn.Parameter(torch.empty(out_features, rank))
         self.dropout = nn.Dropout(dropout)
@@ -52,8 +61,16 @@ def _lora_hook(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torc
     return output + module.lora(inputs[0])
 
 
-def apply_lora(backbone: nn.Module, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0, targets: Sequence[str] | None = None) -> list[str]:
-    """Attach :class:`LoRA` adapters to the ``nn.Linear`` modules of ``backbone`` matching ``targets``.
+def apply_lora(
+    backbone: nn.Module,
+    rank: int = 8,
+    alpha: float = 16.0,
+    dropout: float = 0.0,
+    targets: Sequence[str] | None = None,
+    lr_scale: float = 1.0,
+) -> list[str]:
+    """Attach :class:`LoRA` adapters to the ``nn.Linear`` modules of ``backbone`` matching ``targets``
+    (``lr_scale``: the adapters' learning rate as a multiple of the model's).
 
     Returns:
         the adapted module names.
@@ -70,7 +87,7 @@ def apply_lora(backbone: nn.Module, rank: int = 8, alpha: float = 16.0, dropout:
         for n, m in hits:
             if hasattr(m, "lora"):
                 continue
-            m.lora = LoRA(m.in_features, m.out_features, rank, alpha, dropout).to(device=m.weight.device)
+            m.lora = LoRA(m.in_features, m.out_features, rank, alpha, dropout, lr_scale).to(device=m.weight.device)
             m.register_forward_hook(_lora_hook)
             done.append(n)
     logger.info("added LoRA (rank %d) to %d backbone Linears", rank, len(done))

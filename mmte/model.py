@@ -16,7 +16,7 @@ Constructor (every argument is plain data, so a YAML file can hold it; see :func
         },                                         # or an mmte.heads.Head module
         fusion="single",                           # "single" | "joint" | "separate"
         freeze="backbone",                         # "backbone" | "tokenizers" | "none" | [globs]
-        lora=None,                                 # {"rank": 8, "alpha": 16, "dropout": 0.0,
+        lora=None,                                 # {"rank": 8, "alpha": 16, "dropout": 0.0, "lr_scale": 1.0,
                                                    #  "targets": ["layers.*.self_attention.layernorm_qkv.linear", ...]}
         backbone_weights=None,                     # path (.safetensors / .pth) | Backbone
         touch_unused=True,                         # DDP-safe when a batch lacks a modality
@@ -44,7 +44,9 @@ Constructor (every argument is plain data, so a YAML file can hold it; see :func
   against parameter names (``"backbone.layers.0.*"``). Applied at construction; :meth:`freeze` re-applies.
 * **lora**: adapters ``W x + (alpha/rank) B A x`` added (as a forward hook, so FQNs stay stable) to
   the backbone's Linears matching ``targets`` (default: QKV and attention projection); ``B`` starts at
-  zero so the model's output is unchanged at init. Parameters ``backbone.<linear>.lora.A/B``. The
+  zero so the model's output is unchanged at init; ``lr_scale`` multiplies the adapters' learning rate
+  (e.g. 0.1: a pretrained trunk's adapters step ten times smaller than the new tokenizer and head).
+  Parameters ``backbone.<linear>.lora.A/B``. The
   adapter lives on the Linear module: a later pass that *replaces* Linears (an FP8 conversion) must
   carry ``lora`` and the hook over, or run before LoRA is added.
 * **backbone_weights**: a file read with :func:`mmte.encoders.load_state_dict_file` holding mmte

@@ -35,6 +35,8 @@ def param_group_spec(model: nn.Module, num_layers: int, layer_decay: float | Non
         layer_decay: layer-wise learning-rate decay in (0, 1], or None.
     """
     groups: dict[tuple[bool, float], list[tuple[str, nn.Parameter]]] = {}
+    # a module's own learning-rate multiplier (LoRA adapters' lr_scale), by the prefix of its parameters
+    own = {n: float(m.lr_scale) for n, m in model.named_modules() if isinstance(getattr(m, "lr_scale", None), (int, float))}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
@@ -47,6 +49,7 @@ def param_group_spec(model: nn.Module, num_layers: int, layer_decay: float | Non
             elif name.startswith(("tokenizers.", "modality_embed.", "backbone.norm_pre")):
                 depth = -1
             scale = layer_decay ** (num_layers - 1 - depth) if depth < num_layers else 1.0
+        scale *= own.get(name.rpartition(".")[0], 1.0)
         groups.setdefault((no_decay, scale), []).append((name, p))
     return sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][1]))
 

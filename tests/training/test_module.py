@@ -87,6 +87,43 @@ def test_param_groups_decay_and_layer_decay():
     assert g("tokenizers.image.proj.weight")["lr"] == 0.5 ** (L - 1 + 1)
 
 
+def test_lora_lr_scale_sets_the_adapters_learning_rate():
+    """``lora.lr_scale`` puts the adapters in their own group (times layer decay), and AdamW's first step
+    moves each B entry (zero at init, so no decay term) by exactly its group's lr: sign(m)/sqrt(v) = 1."""
+    lora = {"rank": 2, "alpha": 4, "lr_scale": 0.1}
+    m = MMTEModule(TOKS, "tiny", HEADS, lora=lora, layer_decay=0.5, lr=1.0, warmup=0, data_info={"num_classes": 10})
+    m.configure_model()
+    groups = m._param_groups()
+    by_param = {id(p): g for g in groups for p in g["params"]}
+    names = dict(m.model.named_parameters())
+    trainable = [n for n, p in names.items() if p.requires_grad]
+    assert sum(".lora." in n for n in trainable) == 2 * 2 * 2  # 2 layers x (qkv, proj) x (A, B)
+    for n in trainable:
+        want = 1.0 if n.startswith("heads.") else 0.5 ** 2 if n.startswith("tokenizers.") else None
+        if ".lora." in n:
+            want = 0.1 * 0.5 ** (2 - 1 - int(n.split(".")[2]))
+        assert math.isclose(by_param[id(names[n])]["lr"], want, rel_tol=1e-12), n
+    with pytest.raises(ValueError, match="lr_scale must be a positive finite number.*got 0"):
+        MMTEModule(TOKS, "tiny", HEADS, lora={"lr_scale": 0}, data_info={"num_classes": 10}).configure_model()
+
+    # the optimizer Lightning gets applies it
+    m = MMTEModule(TOKS, "tiny", HEADS, lora=lora, lr=1e-3, warmup=0, data_info={"num_classes": 10})
+    m.configure_model()
+    opt = m.configure_optimizers()["optimizer"]
+    b = m.model.backbone.layers["1"].self_attention.proj.lora.B
+    head = m.model.heads["digit"].mlp[-1].bias
+    before_b, before_h = b.detach().clone(), head.detach().clone()
+    x = torch.randn(4, 1, 8, 8)
+    out = m.model({"image": x})["digit"]
+    torch.nn.functional.cross_entropy(out, torch.arange(4)).backward()
+    opt.step()
+    step_b = (b.detach() - before_b)[b.grad != 0].abs()
+    step_h = (head.detach() - before_h)[head.grad != 0].abs()
+    assert step_b.numel() > 0 and step_h.numel() > 0
+    torch.testing.assert_close(step_b, torch.full_like(step_b, 1e-4), rtol=1e-3, atol=0)
+    torch.testing.assert_close(step_h, torch.full_like(step_h, 1e-3), rtol=1e-3, atol=0)
+
+
 def test_recall_at_one_against_a_loop():
     torch.manual_seed(0)
     a = torch.nn.functional.normalize(torch.randn(30, 8), dim=-1)
