@@ -9,7 +9,10 @@ fragment} x {no adapter, LoRA}, run through the real ``mmte fit`` (the CLI class
 * Matrix: fragment x precision x adapter, 2 steps each on the quickstart with a tiny 4-layer backbone:
   every combination trains, writes a checkpoint, keeps frozen what the freeze policy froze, trains the
   LoRA adapters (they are in the checkpoint and moved), and its first loss is one process's (fp32 1e-4;
-  FP8: 2e-3, as scales are reduced over the data-parallel group the quantisation grid is the same).
+  FP8: 2e-3, as scales are reduced over the data-parallel group the quantisation grid is the same; block
+  and MX scaling under tensor parallelism tile each rank's shard of the contraction dimension, another
+  grid than one process's, so there the bound is the larger of 2e-3 and one process's own FP8 error on
+  that loss, |fp8 - fp32|: measured 2.7e-3 against an FP8 error of 5.1e-3 for fp8-block on tp2).
 * Refusals: combinations that cannot work fail before any process starts, with the reason asserted.
 
 The helper that runs a list of ``mmte fit`` argument lists in one launch is ``tests/parallel/cli_fit.py``.
@@ -179,22 +182,25 @@ def matrix_refs(tmp_path_factory):
 @pytest.mark.parametrize("world", sorted({_world(f) for f in PARALLEL}))
 def test_fragment_precision_adapter_matrix(world, matrix_refs, tmp_path):
     runs: dict[str, list[str]] = {}
-    combo: dict[str, str] = {}  # run name -> its single-process reference
+    combo: dict[str, tuple[str, str]] = {}  # run name -> (its fragment, its single-process reference)
     for frag in (f for f in PARALLEL if _world(f) == world):
         for p in PRECISIONS:
             for a in ADAPTERS:
                 name = f"{frag}-{p}-{a}"
-                combo[name] = f"{p}-{a}"
+                combo[name] = (frag, f"{p}-{a}")
                 runs[name] = _matrix_args(tmp_path, name, p, a, _dp(frag)) + ["--config", str(PARALLEL[frag])]
     got = launch(world, runs, tmp_path, 2000)
     failures = []
     for name, r in got.items():
-        key = combo[name]
+        frag, key = combo[name]
         try:
             ref = _ok(matrix_refs[key], f"one-{key}")
             _ok(r, name)
             assert sorted(r["trainable_abs_sums"]) == sorted(ref["trainable_abs_sums"]), "trainable parameters differ from one process"
             tol = 1e-4 if key.startswith("fp32") else 2e-3
+            if key.startswith(("fp8-block", "fp8-mx")) and "tp" in frag.split("-")[-1]:  # per-shard tiles: another grid
+                fp32 = _ok(matrix_refs[f"fp32-{key.rsplit('-', 1)[1]}"], "fp32")["losses"][0]
+                tol = max(tol, abs(ref["losses"][0] - fp32))
             assert abs(r["losses"][0] - ref["losses"][0]) <= tol, ("first loss", r["losses"][0], ref["losses"][0])
             if key.endswith("lora"):
                 _check_lora(tmp_path / name, name)

@@ -257,11 +257,12 @@ def test_quickstart_bf16_loss_curve_within_2_percent_of_fp32_over_100_steps(tmp_
     bf16 path) against 32-true, with the noise floor measured in the same test: fp32 again with the
     learning rate moved by one bf16 ulp (x (1 + 2^-8)).
 
-    * the mean loss over the 100 steps and over each half within 2% of fp32 (measured: 0.2%; 0.1% and 1.3%);
-    * every 10-step window no further from fp32 than the perturbed fp32 run's furthest window (+1%):
-      once the loss is ~0.1, single batches decide a window's mean and any perturbation moves it (measured:
-      bf16 up to 8.8%, fp32 with lr x (1 + 2^-8) up to 12.2%), so a fixed 2% per window cannot hold for
-      any change, bf16 or not.
+    * the mean loss over the 100 steps and over each half within 2% of fp32 (measured with the recipe's
+      one-token tokenizer at lr 1e-3: 0.16%; 0.22% and 0.04%);
+    * every 10-step window within 2% of fp32, or, where training is chaotic enough that a one-ulp change of
+      the learning rate moves a window further than that, no further than the perturbed fp32 run's furthest
+      window (+1%) (measured: bf16 up to 1.6%, the perturbed run up to 0.4%; at lr 3e-3 the same recipe sat
+      at the edge of stability and both moved windows by 8-23%).
     ``--trainer.precision`` on the command line selects the precision (the recipe's ``precision: auto``
     used to override it, so both runs were bf16 on this CPU and the comparison was empty).
     """
@@ -287,4 +288,4 @@ def test_quickstart_bf16_loss_curve_within_2_percent_of_fp32_over_100_steps(tmp_
     assert rel(bf16, fp32, 0, 50) < 0.02 and rel(bf16, fp32, 50, 50) < 0.02, (rel(bf16, fp32, 0, 50), rel(bf16, fp32, 50, 50))
     windows = [(i, rel(bf16, fp32, i, 10), rel(pert, fp32, i, 10)) for i in range(0, 100, 10)]
     floor = max(w[2] for w in windows)
-    assert max(w[1] for w in windows) <= floor + 0.01, windows
+    assert max(w[1] for w in windows) <= max(0.02, floor + 0.01), windows
