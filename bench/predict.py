@@ -167,7 +167,7 @@ def variants_for(model_name: str, args, tmp: str) -> tuple[dict, callable]:
             tc = copy.deepcopy(src)
             tc.compile(dynamic=True)
             v["timm-compiled"] = Features(tc)
-        flat = _Flat(Features(enc))
+        flat = _Flat(Features(enc)).eval()
         flat.example_inputs = inputs(2)
         v.update(onnx_variants(flat, flat.example_inputs, ["x"], tmp, threads))
         inf = optimize(Features(enc), args.dtype)
