@@ -27,7 +27,8 @@ GroupSpec = list[tuple[tuple[bool, float], list[tuple[str, nn.Parameter]]]]
 
 def param_group_spec(model: nn.Module, num_layers: int, layer_decay: float | None = None) -> GroupSpec:
     """The optimizer's parameter groups over ``model``'s trainable parameters: ``((no_decay, lr
-    scale), [(fqn, parameter)])`` in a fixed order (decayed first, then by falling lr scale).
+    scale), [(fqn, parameter)])`` in a fixed order (decayed first, then by falling lr scale). A module
+    with an ``lr_scale`` attribute (LoRA adapters) multiplies the scale of its own parameters.
 
     Args:
         model: a :class:`~mmte.model.MetaTransformer` or a pipeline stage's part of one.
