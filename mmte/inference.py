@@ -9,7 +9,11 @@ dtype, called under ``torch.inference_mode``:
   way out), so the GEMMs use the CPU's bf16 units with no per-call weight cast. Tokenizers and heads
   (small, and where inputs and logits need the range) stay fp32.
 * On CPUs the backbones' GEMM weights (bf16 or fp32) are prepacked once into oneDNN's blocked layout
-  (:mod:`mmte.te.prepack`), which saves the per-call reorder that dominates small batches.
+  (:mod:`mmte.te.prepack`), which saves the per-call reorder that dominates small batches, and each
+  layer runs as one flat function over them (``TransformerLayer._forward_packed``). In ``"bf16"``, inputs
+  of at most ``SMALL_ROWS`` rows (batch x tokens: one item of a few tokens) run in fp32 on fp16-packed
+  weights instead (fbgemm's matrix-vector kernel, faster there and more exact), with the norms kept in
+  fp32 for both paths.
 * ``"fp32"``: the model as trained.
 * ``"fp8"``: the backbones' linears become FP8 GEMMs with FP8 weights
   (``mmte.fp8.convert(..., inference=True)``, current scaling by default); on CPUs this is an exact
@@ -33,7 +37,8 @@ import torch
 from torch import nn
 
 from . import device as mdev
-from .te.prepack import pack
+from .te.prepack import SMALL_ROWS, pack, small_available
+from .te.transformer import LayerScale
 
 logger = logging.getLogger(__name__)
 
@@ -157,12 +162,24 @@ def optimize(
         compiled = copy.deepcopy(m, memo=shared)
         for b in _backbones(compiled):
             b.fuse(dynamic=True)
-    packed = 0
+    packed = small = 0
     if prepack and want in ("bf16", "fp32") and torch.device(device).type == "cpu":
-        packed = sum(pack(b, rows=128) for b in backbones)
+        for b in backbones:
+            n_packed = pack(b, rows=128)
+            packed += n_packed
+            gemms = sum(isinstance(mod, nn.Linear) for mod in b.layers.modules())
+            if want == "bf16" and n_packed == gemms and small_available():
+                # few rows run in fp32 on fp16-packed weights; norms and layer scales in fp32 serve both paths
+                for mod in b.modules():
+                    if isinstance(mod, (nn.LayerNorm, nn.RMSNorm, LayerScale)):
+                        mod.float()
+                b.small_rows = SMALL_ROWS
+                small += 1
     n = sum(x.numel() for b in backbones for x in b.parameters())
     logger.info(
-        "inference model: %d backbone(s) with %s parameters in %s (asked %r), %d GEMM weight(s) prepacked%s",
-        len(backbones), f"{n:,}", want, dtype, packed, f", compiled layers for batches >= {compile_min_batch}" if compile else "",
+        "inference model: %d backbone(s) with %s parameters in %s (asked %r), %d GEMM weight(s) prepacked%s%s",
+        len(backbones), f"{n:,}", want, dtype, packed,
+        f", inputs of <= {SMALL_ROWS} rows in fp32 on fp16-packed weights" if small else "",
+        f", compiled layers for batches >= {compile_min_batch}" if compile else "",
     )
     return InferenceModel(m, want, compiled, compile_min_batch)

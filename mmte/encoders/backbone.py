@@ -173,11 +173,14 @@ class Backbone(TransformerStack):
     def lowp_dtype(self, x: torch.Tensor) -> torch.dtype | None:
         """The dtype the low-precision path runs ``x`` in, or None to run as is.
 
-        ``compute_dtype`` when set (e.g. by :func:`mmte.inference.optimize`); otherwise bf16 when ``x``'s
+        ``compute_dtype`` when set (e.g. by :func:`mmte.inference.optimize`), except for inputs of at most
+        ``small_rows`` rows without autograd (run as is); otherwise bf16 when ``x``'s
         device runs under bf16 autocast (Lightning's ``bf16-mixed``) and every GEMM is a plain
         :class:`~mmte.te.Linear` (FP8 and TE layers keep their own precision handling).
         """
         if self.compute_dtype is not None:
+            if self.small_rows and x.shape[0] * x.shape[1] <= self.small_rows and not torch.is_grad_enabled():
+                return None  # few rows: the fp32 small-row path of mmte.te.prepack (see TransformerStack)
             return self.compute_dtype
         dev = x.device.type
         if self.backend != "native" or not torch.is_autocast_enabled(dev) or torch.get_autocast_dtype(dev) != torch.bfloat16:

@@ -20,7 +20,7 @@ from torch import nn
 from .layernorm_linear import LayerNormLinear
 from .linear import Linear
 
-__all__ = ["ATTN_MASK_TYPES", "DotProductAttention", "MultiheadAttention", "cpu_lowp_attention", "expand_padding_mask"]
+__all__ = ["ATTN_MASK_TYPES", "DotProductAttention", "MultiheadAttention", "cpu_lowp_attention", "expand_padding_mask", "use_cpu_lowp"]
 
 ATTN_MASK_TYPES = ("no_mask", "padding", "causal", "padding_causal")
 
@@ -100,7 +100,8 @@ def cpu_lowp_attention(
 _LOWP_MIN_ROWS = 512
 
 
-def _use_cpu_lowp(q: torch.Tensor) -> bool:
+def use_cpu_lowp(q: torch.Tensor) -> bool:
+    """Whether :class:`DotProductAttention` runs ``q`` (``[B, H, N, head_dim]``) through :func:`cpu_lowp_attention`."""
     if q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16) or torch.compiler.is_compiling():
         return False
     return q.shape[0] * q.shape[1] * q.shape[2] >= _LOWP_MIN_ROWS
@@ -176,7 +177,7 @@ class DotProductAttention(nn.Module):
                 causal = False
         q, k, v = (t.transpose(1, 2) for t in (query, key, value))
         dropout_p = self.attention_dropout if self.training else 0.0
-        if self.backend is None and _use_cpu_lowp(q):
+        if self.backend is None and use_cpu_lowp(q):
             out = cpu_lowp_attention(q, k, v, mask, causal, self.softmax_scale, dropout_p)
             return out.transpose(1, 2).flatten(2)
         with self._kernel_ctx():

@@ -7,7 +7,10 @@ the backbone class that builds it (:class:`mmte.encoders.Backbone` subclasses it
 
 The contract: ``layers`` is an ``nn.ModuleDict`` of transformer layers keyed ``"0".."L-1"`` (a
 pipeline stage may hold a subset), each called as ``layer(x [B, N, D], mask [B, N] | None)``; and
-``compute_dtype`` (a dtype or None) is the dtype the layers run in when set.
+``compute_dtype`` (a dtype or None) is the dtype the layers run in when set; ``small_rows`` (set by
+``mmte.inference.optimize`` when every GEMM is packed for the CPU) is the largest input, in rows of batch
+x tokens, that instead runs in fp32 on fp16-packed weights when no gradient is recorded (the small-row
+path of :mod:`mmte.te.prepack`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ class TransformerStack(nn.Module):
 
     layers: nn.ModuleDict
     compute_dtype: torch.dtype | None = None
+    small_rows: int = 0
 
 
 def find_stacks(model: nn.Module) -> list[tuple[str, TransformerStack]]:

@@ -1,6 +1,7 @@
 """CPU weight prepacking (mmte.te.prepack): packed GEMMs against F.linear in fp32 (a naive reference)
-and bf16, used only without autograd, invalidated by weight changes, safe to copy and pickle, and
-applied by the inference path of the real quickstart model."""
+and bf16, used only without autograd, invalidated by weight changes, safe to copy and pickle; the
+small-row path (fp32 inputs on fp16-packed bf16 weights) against a float64 reference; a transformer
+layer's flat packed forward against its module path; and the inference path of the real quickstart model."""
 
 from __future__ import annotations
 
@@ -12,14 +13,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mmte.te import Linear
-from mmte.te.prepack import available, pack, unpack
+from mmte.te import Linear, TransformerLayer
+from mmte.te.prepack import SMALL_ROWS, available, pack, small_available, unpack
 from tests.te.test_lowp import OpLog
 
 ROOT = Path(__file__).resolve().parents[2]
 BF16 = torch.bfloat16
 
 needs_fp32 = pytest.mark.skipif(not available(torch.float32), reason="this torch build has no oneDNN weight prepacking")
+needs_bf16 = pytest.mark.skipif(not available(BF16), reason="no native bf16 GEMMs on this CPU (prepacking bf16 is refused)")
+needs_small = pytest.mark.skipif(not small_available(), reason="this torch build has no fbgemm fp16-weight GEMM")
 
 
 def _lin(dtype=torch.float32, k=48, n=40) -> Linear:
@@ -134,3 +137,125 @@ def test_inference_path_of_the_quickstart_model_prepacks_its_backbone():
     assert ((out - ref).norm() / ref.norm()).item() < (2e-2 if dtype == "bf16" else 1e-5)
     unpacked = optimize(model, dtype, prepack=False)(batch)["digit"]
     assert ((out - unpacked).norm() / unpacked.norm()).item() < (1e-2 if dtype == "bf16" else 1e-5)
+
+
+# ------------------------------------------------------------------------------ small-row path
+@needs_small
+def test_small_rows_run_fp32_on_fp16_packed_bf16_weights():
+    lin = _lin(BF16, 384, 1152)
+    pack(lin)
+    x = torch.randn(2, 384)
+    with torch.inference_mode():
+        out = lin(x)
+        names = _ops(lambda: lin(x))
+    # every bf16 weight in this range is exactly an fp16 number: the result is the fp32 GEMM on those weights
+    ref = (x.double() @ lin.weight.double().T + lin.bias.double()).float()
+    assert out.dtype == torch.float32
+    # fp32 accumulation over 384 products: within 1e-5 of the largest output
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    assert "fbgemm_linear_fp16_weight_fp32_activation" in names and "addmm" not in names
+    new_w = torch.randn(1152, 384).to(BF16)
+    lin.load_state_dict({"weight": new_w, "bias": torch.zeros(1152, dtype=BF16)})
+    with torch.inference_mode():
+        ref = (x.double() @ new_w.double().T).float()
+        torch.testing.assert_close(lin(x), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+
+
+def _layer(kind: str) -> TransformerLayer:
+    torch.manual_seed(0)
+    kw = {
+        "pre-gelu": {},
+        "post-gelu": {"layer_norm_position": "post"},
+        "pre-swiglu-ls": {"activation": "swiglu", "layer_scale_init": 0.5, "normalization": "RMSNorm"},
+        "pre-quick_gelu-causal": {"activation": "quick_gelu", "self_attn_mask_type": "causal"},
+    }[kind]
+    layer = TransformerLayer(64, 128, 4, **kw).eval().requires_grad_(False)
+    with torch.no_grad():  # non-trivial norms and biases
+        for p in layer.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return layer
+
+
+def _packed_ops(layer, *args) -> list[str]:
+    with torch.inference_mode():
+        return [n for n in _ops(lambda: layer(*args)) if n in ("_linear_pointwise", "addmm", "mm", "fbgemm_linear_fp16_weight_fp32_activation")]
+
+
+@needs_fp32
+@pytest.mark.parametrize("kind", ["pre-gelu", "post-gelu", "pre-swiglu-ls", "pre-quick_gelu-causal"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_packed_layer_forward_matches_its_module_path(kind, masked):
+    layer = _layer(kind)
+    x = torch.randn(3, 7, 64)
+    mask = torch.tensor([[True] * 7, [True] * 5 + [False] * 2, [True] * 3 + [False] * 4]) if masked else None
+    with torch.inference_mode():
+        ref = layer(x, mask)
+    n_gemms = pack(layer, rows=21)
+    assert n_gemms == (5 if "swiglu" in kind else 4)
+    with torch.inference_mode():
+        out = layer(x, mask)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)  # fp32: only the GEMMs' summation order differs
+    assert _packed_ops(layer, x, mask) == ["_linear_pointwise"] * n_gemms
+    with torch.no_grad():  # autograd off but not inference mode: the same packed path
+        torch.testing.assert_close(layer(x, mask), ref, rtol=1e-5, atol=1e-5)
+    out_grad = layer(x, mask)  # grad mode on: the module path
+    torch.testing.assert_close(out_grad, ref, rtol=1e-5, atol=1e-5)
+
+
+@needs_bf16
+@needs_small
+@pytest.mark.parametrize("kind", ["pre-gelu", "post-gelu", "pre-swiglu-ls"])
+def test_packed_bf16_layer_and_its_small_row_path(kind):
+    layer = _layer(kind)
+    x = torch.randn(1, 2, 64)  # one item of two tokens: 2 rows
+    bf = copy.deepcopy(layer).to(BF16)
+    for m in bf.modules():  # as mmte.inference.optimize leaves them: norms and layer scales in fp32
+        if isinstance(m, (torch.nn.LayerNorm, torch.nn.RMSNorm)) or type(m).__name__ == "LayerScale":
+            m.float()
+    exact = copy.deepcopy(bf).float()  # the bf16 weights in fp32: what the small-row path computes on
+    with torch.inference_mode():
+        ref, ref_exact = layer(x), exact(x)
+        unpacked_bf16 = bf(x.to(BF16)).float()
+    pack(bf, rows=SMALL_ROWS)
+    with torch.inference_mode():
+        small = bf(x)  # fp32 input on bf16 weights: fp16-packed GEMMs, fp32 activations
+        packed_bf16 = bf(x.to(BF16)).float()  # bf16 input: the oneDNN-packed bf16 GEMMs
+    assert small.dtype == torch.float32
+    torch.testing.assert_close(small, ref_exact, rtol=1e-5, atol=1e-5)
+    n_gemms = 5 if "swiglu" in kind else 4
+    assert _packed_ops(bf, x) == ["fbgemm_linear_fp16_weight_fp32_activation"] * n_gemms
+    assert _packed_ops(bf, x.to(BF16)) == ["_linear_pointwise"] * n_gemms
+    # both bf16 paths sit within bf16 rounding of the fp32 layer, and the small-row path is closer
+    def rel(a):
+        return ((a - ref).norm() / ref.norm()).item()
+    assert rel(packed_bf16) < 2e-2 and rel(unpacked_bf16) < 2e-2
+    assert rel(small) < rel(packed_bf16)
+
+
+@needs_bf16
+@needs_small
+def test_quickstart_inference_runs_one_item_on_the_small_row_path():
+    from mmte.cli import MMTECLI
+    from mmte.inference import optimize
+
+    cli = MMTECLI(args=["--config", str(ROOT / "recipes" / "quickstart.yaml"), "--trainer.logger", "false"], run=False)
+    module, dm = cli.model, cli.datamodule
+    module.configure_model()
+    dm.setup("predict")
+    model = module.model.eval()
+    ds = dm.datasets[dm.predict_split]
+    n_gemms = 4 * model.backbone.config.num_layers
+    inf = optimize(model, "bf16")
+    assert inf.model.backbone.small_rows == SMALL_ROWS
+    for i in range(3):  # one digit = one image token + cls: 2 rows
+        one = {k: v for k, v in dm._collate([ds[i]]).items() if k == "image"}
+        with torch.no_grad():
+            ref = model(one)["digit"]
+        out = inf(one)["digit"]
+        assert _packed_ops(inf, one).count("fbgemm_linear_fp16_weight_fp32_activation") == n_gemms
+        inf.model.backbone.small_rows = 0  # the same item through the packed bf16 GEMMs
+        out_bf16 = inf(one)["digit"]
+        assert _packed_ops(inf, one).count("_linear_pointwise") == n_gemms
+        inf.model.backbone.small_rows = SMALL_ROWS
+        err, err_bf16 = (((o - ref).norm() / ref.norm()).item() for o in (out, out_bf16))
+        assert err < 1e-2 and err < err_bf16, (err, err_bf16)
