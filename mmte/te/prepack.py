@@ -164,21 +164,23 @@ def unpack(module: nn.Module) -> int:
     return n
 
 
-def packed_gemms(mods: tuple[nn.Module, ...], x: torch.Tensor) -> tuple[list, list, bool] | None:
+def packed_gemms(mods: tuple[nn.Module, ...], x: torch.Tensor, *, in_call: bool = False) -> tuple[list, list, bool] | None:
     """The packed weights and biases of the GEMM modules ``mods`` for input ``x``, and whether they are
     the small-row path's (fp32 ``x`` on low-precision weights: fp16 packings, fp32 biases); packed first,
     or again where a weight changed since. None where no packed path applies to every one of them (not
-    packed, autograd on, compiling, ``x`` not on the CPU or in another dtype, fbgemm missing)."""
-    if torch.is_grad_enabled() or torch.compiler.is_compiling() or x.device.type != "cpu":
+    packed, carrying forward hooks such as a LoRA adapter's, autograd on, compiling, ``x`` not on the CPU
+    or in another dtype, fbgemm missing). ``in_call``: the caller is the module's own forward (inside its
+    call, whose hooks run anyway), not a function that runs the GEMMs in place of the modules."""
+    packs = [m.__dict__.get(_ATTR) for m in mods]  # first: a module without one may not even have .weight
+    if None in packs or torch.is_grad_enabled() or torch.compiler.is_compiling() or x.device.type != "cpu":
         return None
+    if not in_call and any(m._forward_hooks or m._forward_pre_hooks for m in mods):
+        return None  # a hooked GEMM (a LoRA adapter's, a user's) runs through its module call
     small = x.dtype == torch.float32 and mods[0].weight.dtype != torch.float32
     if small and not small_available():
         return None
     ws, bs = [], []
-    for m in mods:
-        p = m.__dict__.get(_ATTR)
-        if p is None:
-            return None
+    for m, p in zip(mods, packs, strict=True):
         w, b = m.weight, m.bias
         if w.requires_grad:
             return None
@@ -216,9 +218,7 @@ def packed_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 def packed_linear(m: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     """``m(x)`` from ``m``'s packing (see :func:`packed_gemms`), or None where no packed path applies:
     the caller then runs ``F.linear``."""
-    if m.__dict__.get(_ATTR) is None:
-        return None
-    got = packed_gemms((m,), x)
+    got = packed_gemms((m,), x, in_call=True)
     if got is None:
         return None
     (w,), (b,), small = got

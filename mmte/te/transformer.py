@@ -251,7 +251,10 @@ class TransformerLayer(nn.Module):
         (a GEMM not packed or not a plain :class:`~mmte.te.Linear`, autograd on, another dtype).
 
         fp32 inputs to a low-precision (bf16) layer take the small-row path of :mod:`mmte.te.prepack`
-        (fp16-packed weights, fp32 activations); inputs in the weights' dtype the oneDNN-packed GEMMs."""
+        (fp16-packed weights, fp32 activations); inputs in the weights' dtype the oneDNN-packed GEMMs.
+        The layer's own call (and its hooks) happens as usual; its GEMM modules are not called, so a GEMM
+        carrying a forward hook (a LoRA adapter) sends the layer down the module path; the norms and the
+        attention core (where a mask applies) are called as modules."""
         attn, mlp = self.self_attention, self.layernorm_mlp
         mods = (attn.layernorm_qkv.linear, attn.proj, mlp.fc1, mlp.fc2) + ((mlp.up,) if mlp.up is not None else ())
         got = packed_gemms(mods, x)

@@ -259,3 +259,26 @@ def test_quickstart_inference_runs_one_item_on_the_small_row_path():
         inf.model.backbone.small_rows = SMALL_ROWS
         err, err_bf16 = (((o - ref).norm() / ref.norm()).item() for o in (out, out_bf16))
         assert err < 1e-2 and err < err_bf16, (err, err_bf16)
+
+
+@needs_fp32
+def test_packed_layer_keeps_lora_adapters():
+    """LoRA attaches to a Linear by a forward hook: a packed layer must not run that GEMM around it."""
+    from mmte.lora import apply_lora
+
+    layer = _layer("pre-gelu")
+    stack = torch.nn.ModuleDict({"layers": torch.nn.ModuleDict({"0": layer})})
+    apply_lora(stack, rank=4, targets=["layers.*.self_attention.proj", "layers.*.layernorm_mlp.fc1"])
+    with torch.no_grad():
+        for m in layer.modules():
+            if hasattr(m, "B") and hasattr(m, "A"):
+                m.B.normal_()  # a trained adapter: B is no longer zero
+    layer.requires_grad_(False)
+    x = torch.randn(2, 5, 64)
+    with torch.inference_mode():
+        ref = layer(x)
+    assert pack(layer) == 4  # the adapters' A and B are parameters of the LoRA module, not GEMM modules
+    with torch.inference_mode():
+        out = layer(x)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(ref, _layer("pre-gelu")(x))  # the adapters change the output
