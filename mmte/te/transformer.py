@@ -41,7 +41,7 @@ from .attention import MultiheadAttention, cpu_lowp_attention, use_cpu_lowp
 from .layernorm_mlp import LayerNormMLP
 from .lowp import LOW_PRECISION, cast_param
 from .norm import make_norm
-from .prepack import packed_gemm, packed_gemms
+from .prepack import packed_gemm, packed_gemms, small_gemm
 
 __all__ = ["DropPath", "LayerScale", "TransformerLayer"]
 
@@ -255,20 +255,27 @@ class TransformerLayer(nn.Module):
         The layer's own call (and its hooks) happens as usual; its GEMM modules are not called, so a GEMM
         carrying a forward hook (a LoRA adapter) sends the layer down the module path; the norms and the
         attention core (where a mask applies) are called as modules."""
-        attn, mlp = self.self_attention, self.layernorm_mlp
-        mods = (attn.layernorm_qkv.linear, attn.proj, mlp.fc1, mlp.fc2) + ((mlp.up,) if mlp.up is not None else ())
+        sub = self._modules  # plain dict lookups: at one item of a few tokens, attribute fallbacks add up
+        attn, mlp = sub["self_attention"], sub["layernorm_mlp"]
+        qkv_m = attn._modules["layernorm_qkv"]
+        mods = (qkv_m._modules["linear"], attn._modules["proj"], mlp._modules["fc1"], mlp._modules["fc2"])
+        if mlp.up is not None:
+            mods += (mlp.up,)
         got = packed_gemms(mods, x)
         if got is None:
             return None
         ws, bs, small = got
-
-        def gemm(h, i, post=None):
-            return packed_gemm(h, ws[i], bs[i], small, post)
+        if small:
+            def gemm(h, i, post=None):
+                return small_gemm(h, ws[i], bs[i])
+        else:
+            def gemm(h, i, post=None):
+                return packed_gemm(h, ws[i], bs[i], False, post)
 
         b, n, d = x.shape
         pre = self.layer_norm_position == "pre"
         x = x.reshape(b * n, d)
-        q, k, v = gemm(attn.layernorm_qkv.norm(x) if pre else x, 0).view(b, n, -1, 3, attn.kv_channels).unbind(3)
+        q, k, v = gemm(qkv_m.norm(x) if pre else x, 0).view(b, n, -1, 3, attn.kv_channels).unbind(3)
         core = attn.core_attention
         if attention_mask is None and core.backend is None and core.attn_mask_type in ("no_mask", "padding"):
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
