@@ -990,6 +990,7 @@ def env_report() -> list[tuple[str, str]]:
         ("torch threads", str(torch.get_num_threads())),
         ("precision auto", "{} ({})".format(*mdev.choose_precision(dev))),
         ("inference prepack", _prepack_row()),
+        ("inference small rows", _small_rows_row()),
     ]
     return rows
 
@@ -1002,6 +1003,19 @@ def _prepack_row() -> str:
 
     kinds = [n for n, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)) if available(dt)]
     return f"{' and '.join(kinds)} GEMM weights (oneDNN blocked layout)" if kinds else "unavailable (no oneDNN in this torch build)"
+
+
+def _small_rows_row() -> str:
+    """Whether a bf16 inference copy runs inputs of a few rows in fp32 on fp16-packed weights here."""
+    import torch
+
+    from .te.prepack import SMALL_ROWS, available, small_available
+
+    if not available(torch.bfloat16):
+        return "off (no bf16 inference prepacking on this CPU)"
+    if not small_available():
+        return "off (this torch build has no fbgemm fp16-weight GEMM)"
+    return f"<= {SMALL_ROWS} rows (batch x tokens) in fp32 on fp16-packed weights (fbgemm)"
 
 
 def env_main(argv: list[str]) -> int:

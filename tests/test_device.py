@@ -151,5 +151,9 @@ def test_mmte_env_and_version(capsys):
 
     want = " and ".join(n for n, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)) if available(dt))
     assert env["inference prepack"].startswith(want + " GEMM weights" if want else "unavailable")
+    from mmte.te.prepack import SMALL_ROWS, small_available
+
+    small_on = available(torch.bfloat16) and small_available()
+    assert env["inference small rows"].startswith(f"<= {SMALL_ROWS} rows" if small_on else "off (")
     assert main(["env"]) == 0
     assert capsys.readouterr().out.splitlines()[0].split() == ["mmte", __version__]
