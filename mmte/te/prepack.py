@@ -176,15 +176,16 @@ def packed_gemms(mods: tuple[nn.Module, ...], x: torch.Tensor, *, in_call: bool 
         return None
     if not in_call and any(m._forward_hooks or m._forward_pre_hooks for m in mods):
         return None  # a hooked GEMM (a LoRA adapter's, a user's) runs through its module call
-    small = x.dtype == torch.float32 and mods[0]._parameters["weight"].dtype != torch.float32
-    if small and not small_available():
-        return None
-    ws, bs = [], []
+    ws, bs, small = [], [], None
     for m, p in zip(mods, packs, strict=True):
         params = m._parameters  # the dict itself: nn.Module's attribute fallback costs ~0.6 us a lookup here
-        w, b = params["weight"], params.get("bias")
-        if w.requires_grad:
+        w, b = params.get("weight"), params.get("bias")
+        if w is None or w.requires_grad:  # None: e.g. a parametrized weight, computed on access
             return None
+        if small is None:
+            small = x.dtype == torch.float32 and w.dtype != torch.float32
+            if small and not small_available():
+                return None
         if small:
             if w.dtype == torch.float32:
                 return None

@@ -282,3 +282,24 @@ def test_packed_layer_keeps_lora_adapters():
         out = layer(x)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(ref, _layer("pre-gelu")(x))  # the adapters change the output
+
+
+@needs_fp32
+def test_parametrized_weight_takes_the_plain_path():
+    """A parametrized weight is computed on access (not in ``_parameters``): never served from a stale packing."""
+    from torch.nn.utils import parametrize
+
+    class Double(torch.nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    lin = _lin()
+    parametrize.register_parametrization(lin, "weight", Double())
+    lin.requires_grad_(False)
+    pack(lin)
+    x = torch.randn(3, 48)
+    with torch.inference_mode():
+        out = lin(x)
+        names = _ops(lambda: lin(x))
+    torch.testing.assert_close(out, F.linear(x, 2 * lin.parametrizations.weight.original, lin.bias), rtol=1e-5, atol=1e-5)
+    assert "_linear_pointwise" not in names
