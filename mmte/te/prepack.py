@@ -45,25 +45,22 @@ __all__ = ["PACKABLE", "SMALL_ROWS", "available", "pack", "packed_gemm", "packed
 PACKABLE = (torch.float32, torch.bfloat16)
 SMALL_ROWS = 4
 _ATTR = "_mmte_prepack"
-_small_warned = False
-
-
-def _fbgemm_fp16(fn, *args):
-    with warnings.catch_warnings():  # PyTorch's deprecation notice, once per process; the op works
-        warnings.simplefilter("ignore", UserWarning)
-        return fn(*args)
 
 
 @functools.cache
 def small_available() -> bool:
-    """Whether fbgemm's fp16-weight GEMM runs here (the small-row path of this module)."""
+    """Whether fbgemm's fp16-weight GEMM runs here (the small-row path of this module).
+
+    Every use of the path asks this first, and this probe runs both fbgemm ops once: PyTorch's deprecation
+    notice for them is issued once per process, so it is silenced here and nowhere else."""
     pack_fn = getattr(torch, "fbgemm_pack_gemm_matrix_fp16", None)
     run_fn = getattr(torch, "fbgemm_linear_fp16_weight_fp32_activation", None)
     if pack_fn is None or run_fn is None or not torch.backends.cpu.get_cpu_capability().startswith("AVX"):
         return False
     try:
-        w = torch.tensor([[1.0, 2.0], [3.0, -4.0]])
-        y = _fbgemm_fp16(run_fn, torch.tensor([[1.0, 1.0]]), _fbgemm_fp16(pack_fn, w), torch.zeros(2))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            y = run_fn(torch.tensor([[1.0, 1.0]]), pack_fn(torch.tensor([[1.0, 2.0], [3.0, -4.0]])), torch.zeros(2))
         return bool(torch.equal(y, torch.tensor([[3.0, -1.0]])))
     except (RuntimeError, AttributeError):
         return False
@@ -114,7 +111,7 @@ class _Packed:
             with torch.inference_mode(False), torch.no_grad():
                 self.small_source = (w.detach(), None if b is None else b.detach())
                 bias = None if b is None else b.detach().float()
-                self.small = (_fbgemm_fp16(torch.fbgemm_pack_gemm_matrix_fp16, w.detach().float()), bias)
+                self.small = (torch.fbgemm_pack_gemm_matrix_fp16(w.detach().float()), bias)
             self.small_key = key
         return self.small
 
@@ -201,10 +198,6 @@ def packed_gemms(mods: tuple[nn.Module, ...], x: torch.Tensor, *, in_call: bool 
 
 def small_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``x [rows, in] (fp32) -> [rows, out]`` on a small-row packing and its fp32 bias (:func:`packed_gemms`)."""
-    global _small_warned
-    if not _small_warned:  # PyTorch's deprecation notice, once per process; the op works
-        _small_warned = True
-        return _fbgemm_fp16(torch.fbgemm_linear_fp16_weight_fp32_activation, x.contiguous(), weight, bias)
     return torch.fbgemm_linear_fp16_weight_fp32_activation(x.contiguous(), weight, bias)
 
 
