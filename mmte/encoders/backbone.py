@@ -25,6 +25,7 @@ from torch import nn
 
 from ..te import Linear, TELayer, TransformerLayer, TransformerStack, fuse, make_norm, te_available
 from ..te.backend import BACKENDS
+from ..te.prepack import one_thread
 from .presets import BackboneConfig, get_preset
 
 logger = logging.getLogger(__name__)
@@ -170,6 +171,13 @@ class Backbone(TransformerStack):
                 f"got {mask.dtype} {tuple(mask.shape)}"
             )
 
+    def small_path(self, x: torch.Tensor) -> bool:
+        """Whether ``x`` takes the small-row path: ``small_rows`` set, fp32 ``x`` of at most that many rows, no autograd."""
+        return (
+            bool(self.small_rows) and x.shape[0] * x.shape[1] <= self.small_rows and x.dtype == torch.float32
+            and not torch.is_grad_enabled()
+        )
+
     def lowp_dtype(self, x: torch.Tensor) -> torch.dtype | None:
         """The dtype the low-precision path runs ``x`` in, or None to run as is.
 
@@ -179,7 +187,7 @@ class Backbone(TransformerStack):
         :class:`~mmte.te.Linear` (FP8 and TE layers keep their own precision handling).
         """
         if self.compute_dtype is not None:
-            if self.small_rows and x.shape[0] * x.shape[1] <= self.small_rows and not torch.is_grad_enabled():
+            if self.small_path(x):
                 return None  # few rows: the fp32 small-row path of mmte.te.prepack (see TransformerStack)
             return self.compute_dtype
         dev = x.device.type
@@ -204,6 +212,9 @@ class Backbone(TransformerStack):
         self.check_input(x, mask)
         if mask is not None and not torch.compiler.is_exporting() and bool(mask.all()):
             mask = None  # no padding: take SDPA's fastest kernel (exported graphs keep the mask: no data-dependent branch)
+        if self.small_path(x):
+            with one_thread():  # fbgemm's kernel is single-threaded; the rest too small to split
+                return self._run(x, mask)
         dt = self.lowp_dtype(x)
         if dt is not None and dt != x.dtype:
             with torch.autocast(x.device.type, enabled=False):

@@ -31,8 +31,11 @@ def masked_pool(hidden: torch.Tensor, mask: torch.Tensor | None, pool: str, num_
         return hidden[:, 0]
     if pool not in POOLINGS:
         raise ValueError(f"pool must be one of {POOLINGS}; got {pool!r}")
-    b, n, _ = hidden.shape
-    m = torch.ones(b, n, dtype=torch.bool, device=hidden.device) if mask is None else mask
+    n = hidden.shape[1]
+    if mask is None:  # every token real: a plain reduction over the tokens after the prefix (all when none are others)
+        h = hidden[:, num_prefix_tokens:] if 0 < num_prefix_tokens < n else hidden
+        return h.mean(1) if pool == "mean" else h.amax(1)
+    m = mask
     if 0 < num_prefix_tokens < n:
         m = m.clone()
         m[:, :num_prefix_tokens] = False

@@ -27,20 +27,26 @@ magnitude, where it keeps fewer bits). :func:`packed_gemms` gives that packing o
 weights for fp32 inputs; an inference backbone whose GEMMs are all packed (``TransformerStack.small_rows``,
 set by :func:`mmte.inference.optimize` where :func:`small_available`) runs such inputs in fp32 through it.
 Above a few rows fbgemm's kernel falls behind (16 rows: 156 vs 65 us at ``[16, 384] x [384, 1152]``).
+fbgemm's kernel runs on the calling thread alone, and the other ops at this size (norms, attention over
+a few tokens, GELU) are too small to split, so the backbone runs such inputs with torch's intra-op pool
+set to one thread (:func:`one_thread`): on the 2-core EPYC, waking the second thread for each of them
+cost more than it saved (quickstart, one item: 2.66 ms a call with one thread, 3.15 with two).
 PyTorch marks the fbgemm fp16 ops deprecated; where they are missing the path is simply not taken.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
+from collections.abc import Iterator
 
 import torch
 from torch import nn
 
 from .lowp import identity
 
-__all__ = ["PACKABLE", "SMALL_ROWS", "available", "pack", "packed_gemm", "packed_gemms", "packed_linear", "small_available", "unpack"]
+__all__ = ["PACKABLE", "SMALL_ROWS", "available", "one_thread", "pack", "packed_gemm", "packed_gemms", "packed_linear", "small_available", "unpack"]
 
 PACKABLE = (torch.float32, torch.bfloat16)
 SMALL_ROWS = 4
@@ -83,6 +89,11 @@ def available(dtype: torch.dtype) -> bool:
     return True
 
 
+def _stamp(t: torch.Tensor) -> tuple:
+    """Storage address, shape and version counter of ``t`` (-1 for an inference tensor, which has none)."""
+    return t.data_ptr(), t.shape, -1 if t.is_inference() else t._version
+
+
 class _Packed:
     """A module's packed weight (and, for the small-row path, its fp16 packing with an fp32 bias), each
     with the identity of the tensors it was made from; copies start empty."""
@@ -95,6 +106,7 @@ class _Packed:
         self.small_key: tuple | None = None
         self.small: tuple[torch.Tensor, torch.Tensor | None] | None = None  # (fp16 packing, fp32 bias)
         self.small_source: tuple | None = None
+        self.small_seen: tuple | None = None
 
     def packed(self, w: torch.Tensor) -> torch.Tensor:
         key = identity(w)
@@ -106,6 +118,9 @@ class _Packed:
         return self.weight
 
     def small_packed(self, w: torch.Tensor, b: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        seen = self.small_seen  # the same tensor objects, unchanged: skip building the full key (a per-call cost here)
+        if seen is not None and seen[0] is w and seen[1] is b and seen[2] == _stamp(w) and (b is None or seen[3] == _stamp(b)):
+            return self.small
         key = (identity(w), None if b is None else identity(b))
         if self.small_key != key:
             with torch.inference_mode(False), torch.no_grad():
@@ -113,6 +128,7 @@ class _Packed:
                 bias = None if b is None else b.detach().float()
                 self.small = (torch.fbgemm_pack_gemm_matrix_fp16(w.detach().float()), bias)
             self.small_key = key
+        self.small_seen = (w, b, _stamp(w), None if b is None else _stamp(b))
         return self.small
 
     def __deepcopy__(self, memo) -> _Packed:
@@ -194,6 +210,20 @@ def packed_gemms(mods: tuple[nn.Module, ...], x: torch.Tensor, *, in_call: bool 
         ws.append(w)
         bs.append(b)
     return ws, bs, small
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run the block with torch's intra-op pool at one thread (the small-row path; restored after)."""
+    n = torch.get_num_threads()
+    if n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 def small_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -40,7 +40,7 @@ from . import triton_ops
 from .attention import MultiheadAttention, cpu_lowp_attention, use_cpu_lowp
 from .layernorm_mlp import LayerNormMLP
 from .lowp import LOW_PRECISION, cast_param
-from .norm import make_norm
+from .norm import apply_norm, make_norm
 from .prepack import packed_gemm, packed_gemms, small_gemm
 
 __all__ = ["DropPath", "LayerScale", "TransformerLayer"]
@@ -257,49 +257,53 @@ class TransformerLayer(nn.Module):
         attention core (where a mask applies) are called as modules."""
         sub = self._modules  # plain dict lookups: at one item of a few tokens, attribute fallbacks add up
         attn, mlp = sub["self_attention"], sub["layernorm_mlp"]
-        qkv_m = attn._modules["layernorm_qkv"]
-        mods = (qkv_m._modules["linear"], attn._modules["proj"], mlp._modules["fc1"], mlp._modules["fc2"])
-        if mlp.up is not None:
-            mods += (mlp.up,)
+        am, mm = attn._modules, mlp._modules
+        qkv_m = am["layernorm_qkv"]
+        up = mm.get("up")  # absent (a plain None attribute) unless the activation is gated
+        mods = (qkv_m._modules["linear"], am["proj"], mm["fc1"], mm["fc2"])
+        if up is not None:
+            mods += (up,)
         got = packed_gemms(mods, x)
         if got is None:
             return None
         ws, bs, small = got
-        if small:
-            def gemm(h, i, post=None):
-                return small_gemm(h, ws[i], bs[i])
-        else:
-            def gemm(h, i, post=None):
-                return packed_gemm(h, ws[i], bs[i], False, post)
-
         b, n, d = x.shape
         pre = self.layer_norm_position == "pre"
         x = x.reshape(b * n, d)
-        q, k, v = gemm(qkv_m.norm(x) if pre else x, 0).view(b, n, -1, 3, attn.kv_channels).unbind(3)
-        core = attn.core_attention
+        h = apply_norm(qkv_m._modules["norm"], x) if pre else x
+        qkv = small_gemm(h, ws[0], bs[0]) if small else packed_gemm(h, ws[0], bs[0], False)
+        core = am["core_attention"]
         if attention_mask is None and core.backend is None and core.attn_mask_type in ("no_mask", "padding"):
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            if use_cpu_lowp(q):
+            q, k, v = qkv.view(b, n, -1, 3, attn.kv_channels).transpose(1, 2).unbind(3)  # [B, H, N, hd] each
+            if not small and use_cpu_lowp(q):
                 ctx = cpu_lowp_attention(q, k, v, None, False, core.softmax_scale)
             else:
                 ctx = F.scaled_dot_product_attention(q, k, v, scale=core.softmax_scale)
             ctx = ctx.transpose(1, 2)
         else:
-            ctx = core(q, k, v, attention_mask)
-        y = gemm(ctx.reshape(b * n, -1), 1)
-        if self.ls1 is not None:
-            y = self.ls1(y)
-        x = x + y if pre else self.post_attention_layernorm(x + y)
-        h = mlp.norm(x) if pre else x
-        post = _PACKED_POSTOPS.get(mlp.activation) if mlp.up is None and not small else None
-        if post is not None:
-            a = gemm(h, 2, post)
+            ctx = core(*qkv.view(b, n, -1, 3, attn.kv_channels).unbind(3), attention_mask)
+        ctx = ctx.reshape(b * n, -1)
+        y = small_gemm(ctx, ws[1], bs[1]) if small else packed_gemm(ctx, ws[1], bs[1], False)
+        ls1, ls2 = sub.get("ls1"), sub.get("ls2")
+        if ls1 is not None:
+            y = ls1(y)
+        x = x + y if pre else apply_norm(sub["post_attention_layernorm"], x + y)
+        h = apply_norm(mm["norm"], x) if pre else x
+        if small:
+            a = mlp.act(small_gemm(h, ws[2], bs[2]))
+            if up is not None:
+                a = a * small_gemm(h, ws[4], bs[4])
+            y = small_gemm(a, ws[3], bs[3])
         else:
-            a = mlp.act(gemm(h, 2))
-            if mlp.up is not None:
-                a = a * gemm(h, 4)
-        y = gemm(a, 3)
-        if self.ls2 is not None:
-            y = self.ls2(y)
-        x = x + y if pre else self.post_mlp_layernorm(x + y)
+            post = _PACKED_POSTOPS.get(mlp.activation) if up is None else None
+            if post is not None:
+                a = packed_gemm(h, ws[2], bs[2], False, post)
+            else:
+                a = mlp.act(packed_gemm(h, ws[2], bs[2], False))
+                if up is not None:
+                    a = a * packed_gemm(h, ws[4], bs[4], False)
+            y = packed_gemm(a, ws[3], bs[3], False)
+        if ls2 is not None:
+            y = ls2(y)
+        x = x + y if pre else apply_norm(sub["post_mlp_layernorm"], x + y)
         return x.view(b, n, d)

