@@ -153,12 +153,11 @@ class Backbone(TransformerStack):
             raise ValueError(f"Backbone expects tokens [B, N, {d}] (hidden_size={d}); got shape {tuple(x.shape)}")
         if not x.is_floating_point():
             raise ValueError(f"Backbone expects floating-point tokens; got dtype {x.dtype}")
-        p = next(self.parameters(), None)
+        p = None if self.compute_dtype is not None else next(self.parameters(), None)  # an inference copy casts itself
         if (
             p is not None
             and p.device.type != "meta"
             and x.dtype != p.dtype
-            and self.compute_dtype is None
             and not torch.is_autocast_enabled(x.device.type)
             and not (x.dtype in (torch.bfloat16, torch.float16) and p.dtype == torch.float32)
         ):

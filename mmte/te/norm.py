@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .lowp import LOW_PRECISION, cast_param
+from .prepack import global_hooks
 
 __all__ = ["LayerNorm", "RMSNorm", "apply_norm", "make_norm"]
 
@@ -107,7 +108,7 @@ def apply_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     parameters are in ``x``'s dtype (the flat inference layer of :mod:`mmte.te.transformer`: at one item
     of a few tokens the module call costs about as much as the kernel); any other norm through its call."""
     cls = type(norm)
-    if (cls is LayerNorm or cls is RMSNorm) and not (norm._forward_hooks or norm._forward_pre_hooks or _global_hooks()):
+    if (cls is LayerNorm or cls is RMSNorm) and not (norm._forward_hooks or norm._forward_pre_hooks or global_hooks()):
         params = norm._parameters
         w = params["weight"]
         # what the modules' forwards do without a cast: the same dtype, or LayerNorm's CPU kernel (fp32 gamma, bf16 x)
@@ -119,7 +120,3 @@ def apply_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
             return F.rms_norm(x, norm.normalized_shape, w, norm.eps)
     return norm(x)
 
-
-def _global_hooks() -> bool:
-    m = nn.modules.module
-    return bool(m._global_forward_hooks or m._global_forward_pre_hooks)

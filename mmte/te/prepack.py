@@ -46,7 +46,7 @@ from torch import nn
 
 from .lowp import identity
 
-__all__ = ["PACKABLE", "SMALL_ROWS", "available", "one_thread", "pack", "packed_gemm", "packed_gemms", "packed_linear", "small_available", "unpack"]
+__all__ = ["PACKABLE", "SMALL_ROWS", "available", "global_hooks", "one_thread", "pack", "packed_gemm", "packed_gemms", "packed_linear", "small_available", "unpack"]
 
 PACKABLE = (torch.float32, torch.bfloat16)
 SMALL_ROWS = 4
@@ -184,13 +184,15 @@ def packed_gemms(mods: tuple[nn.Module, ...], x: torch.Tensor, *, in_call: bool 
     packed, carrying forward hooks such as a LoRA adapter's, autograd on, compiling, ``x`` not on the CPU
     or in another dtype, fbgemm missing). ``in_call``: the caller is the module's own forward (inside its
     call, whose hooks run anyway), not a function that runs the GEMMs in place of the modules."""
-    packs = [m.__dict__.get(_ATTR) for m in mods]  # first: a module without one may not even have .weight
-    if None in packs or torch.is_grad_enabled() or torch.compiler.is_compiling() or x.device.type != "cpu":
+    if torch.is_grad_enabled() or x.device.type != "cpu" or torch.compiler.is_compiling():
         return None
-    if not in_call and any(m._forward_hooks or m._forward_pre_hooks for m in mods):
-        return None  # a hooked GEMM (a LoRA adapter's, a user's) runs through its module call
+    if not in_call and global_hooks():
+        return None
     ws, bs, small = [], [], None
-    for m, p in zip(mods, packs, strict=True):
+    for m in mods:
+        p = m.__dict__.get(_ATTR)  # first: a module without one may not even have .weight
+        if p is None or (not in_call and (m._forward_hooks or m._forward_pre_hooks)):
+            return None  # not packed, or a hooked GEMM (a LoRA adapter's, a user's): it runs through its module call
         params = m._parameters  # the dict itself: nn.Module's attribute fallback costs ~0.6 us a lookup here
         w, b = params.get("weight"), params.get("bias")
         if w is None or w.requires_grad:  # None: e.g. a parametrized weight, computed on access
@@ -210,6 +212,13 @@ def packed_gemms(mods: tuple[nn.Module, ...], x: torch.Tensor, *, in_call: bool 
         ws.append(w)
         bs.append(b)
     return ws, bs, small
+
+
+def global_hooks() -> bool:
+    """Whether module forward hooks are registered globally (``register_module_forward_hook``): then every
+    GEMM runs through its module call, as those hooks expect."""
+    m = nn.modules.module
+    return bool(m._global_forward_hooks or m._global_forward_pre_hooks)
 
 
 @contextlib.contextmanager

@@ -376,3 +376,23 @@ def test_small_row_backbone_runs_on_one_thread():
         assert seen == [1, 2] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+@needs_fp32
+def test_packed_layer_honours_global_module_hooks():
+    """A globally registered forward hook expects every module's call: the flat layer then runs its modules."""
+    from torch.nn.modules.module import register_module_forward_hook
+
+    layer = _layer("pre-gelu")
+    pack(layer)
+    x = torch.randn(2, 5, 64)
+    called = []
+    handle = register_module_forward_hook(lambda m, i, o: called.append(type(m).__name__))
+    try:
+        with torch.inference_mode():
+            out = layer(x)
+    finally:
+        handle.remove()
+    assert called.count("Linear") == 4 and "LayerNorm" in called
+    with torch.inference_mode():
+        torch.testing.assert_close(out, layer(x), rtol=1e-5, atol=1e-5)
