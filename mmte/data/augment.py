@@ -238,13 +238,16 @@ class AudioAugment:
         -> ``[T, F]``."""
         import os
 
-        from .audio import AUDIOSET_MEAN, AUDIOSET_STD, compute_fbank, load_audio
+        from .audio import AUDIOSET_MEAN, AUDIOSET_STD, compute_fbank, load_audio, trim_silence
 
         if isinstance(source, (str, os.PathLike)):
             source, sample_rate = load_audio(source)
         if sample_rate is None:
             raise ValueError("AudioAugment.fbank needs sample_rate when given a waveform")
         mean, std = fbank_kwargs.pop("mean", AUDIOSET_MEAN), fbank_kwargs.pop("std", AUDIOSET_STD)
+        trim_db = fbank_kwargs.pop("trim_db", None)
+        if trim_db is not None:  # on the recording, before the perturbations (added noise would hide the silence)
+            source = trim_silence(source, sample_rate, trim_db, fbank_kwargs.get("frame_length", 25.0), fbank_kwargs.get("frame_shift", 10.0))
         w = self.waveform(source, sample_rate)
         fb = self.spec(compute_fbank(w, sample_rate, mean=None, std=None, **fbank_kwargs))
         return fb if mean is None or std is None else (fb - mean) / (2 * std)

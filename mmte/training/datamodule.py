@@ -813,8 +813,9 @@ class FolderDataModule(MMTEDataModule):
         if n_long:
             mode = self.crop if split == "train" or self.crop != "random" else "center"
             how = "randomly cropped (a new window each time)" if mode == "random" else f"cropped to their {'first' if mode == 'start' else 'middle'} {self.max_frames} frames"
-            logger.info("%s split: %d of %d clips are longer than max_frames=%d (%.2f s; longest %d frames) and are %s",
-                        split, n_long, len(frames), self.max_frames, self.max_frames * fs / 1000, max(frames), how)
+            logger.info("%s split: %d of %d clips are longer than max_frames=%d (%.2f s; longest %d frames%s) and are %s",
+                        split, n_long, len(frames), self.max_frames, self.max_frames * fs / 1000, max(frames),
+                        ", counted before silence trimming" if self.preprocess.get("trim_db") else "", how)
 
     def split_dataset(self, split: str):
         """The preprocessed dataset of one split (used by :class:`PairedDataModule`)."""

@@ -109,3 +109,44 @@ def test_too_short_waveform():
         compute_fbank(torch.zeros(100), 16000)
     with pytest.raises(ValueError, match=r"mono \[T\]; got shape \(2, 100\)"):
         compute_fbank(torch.zeros(2, 100), 16000)
+
+
+def test_trim_silence_cuts_quiet_ends_only():
+    """A tone with 0.2 s of near-silence (-70 dB) before and 0.3 s after: trimming at 35 dB keeps the tone
+    to within a frame at each end; a quiet dip inside the tone is kept."""
+    from mmte.data.audio import trim_silence
+
+    sr = 8000
+    g = torch.Generator().manual_seed(0)
+    t = torch.arange(int(0.5 * sr)) / sr
+    tone = 0.3 * torch.sin(2 * torch.pi * 300 * t)
+    tone[1600:2000] *= 1e-4  # an 80 dB dip in the middle: inside the word, kept
+    quiet = lambda n: 1e-4 * torch.randn(n, generator=g)
+    w = torch.cat([quiet(int(0.2 * sr)), tone, quiet(int(0.3 * sr))]).float()
+    out = trim_silence(w, sr, 35.0)
+    start = int(0.2 * sr)
+    # frame-wise: a 25 ms window (200 samples at 8 kHz) that touches the tone counts as loud, at either end
+    assert tone.shape[0] <= out.shape[0] <= tone.shape[0] + 2 * 200
+    # the kept samples are the tone's: find where they sit in the clip
+    offset = (w.unfold(0, out.shape[0], 1) - out).abs().sum(1).argmin().item()
+    assert start - 200 <= offset <= start
+    torch.testing.assert_close(trim_silence(tone.float(), sr, 100.0), tone.float())  # nothing below -100 dB: whole
+    frames = compute_fbank(w, sr, target_rate=8000, num_mel_bins=24, trim_db=35.0).shape[0]
+    assert frames == compute_fbank(out, sr, target_rate=8000, num_mel_bins=24).shape[0] < compute_fbank(w, sr, target_rate=8000, num_mel_bins=24).shape[0]
+    for bad in (0, -3, "35", True):
+        with pytest.raises(ValueError, match="trim_db must be a positive number"):
+            trim_silence(w, sr, bad)
+
+
+def test_trim_silence_on_a_real_recording(fsdd):
+    """FSDD's jackson says "six" with ~0.18 s of quiet tail: trimmed, the fbank is shorter; the augmented
+    training path trims the same recording before adding noise."""
+    from mmte.data.augment import AudioAugment
+
+    path = str(fsdd / "6_jackson_0.wav")
+    full = preprocess_audio(path, target_rate=8000, num_mel_bins=64)
+    trimmed = preprocess_audio(path, target_rate=8000, num_mel_bins=64, trim_db=35.0)
+    assert trimmed.shape[0] < full.shape[0]
+    aug = AudioAugment.from_config({"noise_snr_db": [20, 20]})
+    noisy = aug.fbank(path, target_rate=8000, num_mel_bins=64, trim_db=35.0)
+    assert noisy.shape[0] == trimmed.shape[0]
