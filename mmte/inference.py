@@ -13,7 +13,8 @@ dtype, called under ``torch.inference_mode``:
   layer runs as one flat function over them (``TransformerLayer._forward_packed``). In ``"bf16"``, inputs
   of at most ``SMALL_ROWS`` rows (batch x tokens: one item of a few tokens) run in fp32 on fp16-packed
   weights instead (fbgemm's matrix-vector kernel, faster there and more exact), with the norms kept in
-  fp32 for both paths.
+  fp32 for both paths, and with torch's intra-op pool at one thread for the backbone (fbgemm's kernel
+  is single-threaded and the other ops are too small to split).
 * ``"fp32"``: the model as trained.
 * ``"fp8"``: the backbones' linears become FP8 GEMMs with FP8 weights
   (``mmte.fp8.convert(..., inference=True)``, current scaling by default); on CPUs this is an exact
