@@ -396,3 +396,25 @@ def test_packed_layer_honours_global_module_hooks():
     assert called.count("Linear") == 4 and "LayerNorm" in called
     with torch.inference_mode():
         torch.testing.assert_close(out, layer(x), rtol=1e-5, atol=1e-5)
+
+
+@needs_bf16
+@pytest.mark.parametrize("kind", ["pre-gelu", "post-gelu"])
+def test_packed_bf16_layer_at_many_rows_matches_its_module_path(kind):
+    """At ViT-like sizes (batch x heads x tokens >= 512) the flat bf16 layer runs its attention as two
+    batched GEMMs on one contiguous copy of q, k, v: the same values as the module path's."""
+    layer = _layer(kind).to(BF16)
+    for m in layer.modules():
+        if isinstance(m, (torch.nn.LayerNorm, torch.nn.RMSNorm)):
+            m.float()
+    x = torch.randn(2, 80, 64).to(BF16)  # 2 x 4 heads x 80 tokens = 640 query rows
+    with torch.inference_mode():
+        ref = layer(x)
+    pack(layer, rows=160)
+    with torch.inference_mode(), OpLog() as log:
+        out = layer(x)
+    names = [n for n, _, _ in log.ops]
+    assert names.count("_linear_pointwise") == 4 and names.count("matmul") == 2 and names.count("contiguous") == 1
+    assert "scaled_dot_product_attention" not in names
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 5e-3
