@@ -293,11 +293,13 @@ def _cli_class():
         def before_instantiate_classes(self) -> None:
             from jsonargparse import Namespace
 
+            from .training.allocator import keep_heap
             from .training.threads import set_threads
 
             c = self._section()
             _resolve_model_entries(c.model)
             set_threads(c.get("threads"), c.trainer.devices, c.trainer.accelerator)
+            keep_heap()
             root = c.trainer.default_root_dir or os.path.join("runs", "mmte")
             c.trainer.default_root_dir = root
             _check_trainer_options(c.trainer)
@@ -988,11 +990,20 @@ def env_report() -> list[tuple[str, str]]:
         ("cpu flags", ", ".join(c.flags) or "none of note"),
         ("cores", f"{c.physical_cores} physical, {c.logical_cores} logical (this process's affinity)"),
         ("torch threads", str(torch.get_num_threads())),
+        ("cpu allocator", _allocator_row()),
         ("precision auto", "{} ({})".format(*mdev.choose_precision(dev))),
         ("inference prepack", _prepack_row()),
         ("inference small rows", _small_rows_row()),
     ]
     return rows
+
+
+def _allocator_row() -> str:
+    """What ``mmte fit/predict`` do to glibc's allocator here (:mod:`mmte.training.allocator`)."""
+    from .training.allocator import heap_plan
+
+    why = heap_plan()
+    return f"left as is ({why})" if why else "mmte runs keep large blocks in glibc's heap (MMTE_MALLOC=0 turns off)"
 
 
 def _prepack_row() -> str:
