@@ -237,7 +237,7 @@ def test_precision_auto_through_mmte_fit(tmp_path, capfd, monkeypatch):
     want, why = mdev.choose_precision("cpu")
     fp32, _ = _fit(tmp_path, "fp32", [], capfd)
     auto, err = _fit(tmp_path, "auto", ["--precision", "auto"], capfd)
-    header = [ln for ln in err.splitlines() if ln.startswith("mmte: CPU ")]
+    header = [ln for ln in err.splitlines() if ln.startswith("mmte: CPU ") and ", precision " in ln]
     assert header == [f"mmte: {mdev.describe()}, precision {want} (auto: {why})"]
     assert len(auto) == len(fp32) == 6
     # bf16 (here) or fp32 (elsewhere): the short loss curve stays within 3% of fp32 step by step
