@@ -10,6 +10,7 @@ Files are read with ``soundfile`` (``torchaudio.load`` needs FFmpeg libraries).
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from collections.abc import Sequence
 
@@ -71,21 +72,22 @@ def check_waveform(waveform: torch.Tensor, what: str = "waveform") -> torch.Tens
 
 def trim_silence(waveform: torch.Tensor, sample_rate: int, top_db: float, frame_length: float = 25.0, frame_shift: float = 10.0) -> torch.Tensor:
     """Cut the leading and trailing stretches of ``waveform [T]`` whose frames are more than ``top_db``
-    below the loudest frame (frame power ``10 log10(mean(x^2))`` over ``frame_length`` ms windows every
-    ``frame_shift`` ms); the middle is kept whole. Speakers differ in how much near-silence their
+    below the loudest frame (frame power ``10 log10(mean((x - mean x)^2))`` over ``frame_length`` ms windows every
+    ``frame_shift`` ms, about the frame's own mean so that a DC offset does not count as sound: some FSDD
+    files sit up to 15% of their peak off zero); the middle is kept whole. Speakers differ in how much near-silence their
     recordings carry around a word (in FSDD one speaker's "six" ends in ~0.18 s of it on average, the
     others' in 0-0.05 s), which a model can mistake for the word's length.
 
     Raises:
         ValueError: ``top_db`` not positive.
     """
-    if isinstance(top_db, bool) or not isinstance(top_db, (int, float)) or not top_db > 0:
-        raise ValueError(f"trim_db must be a positive number of decibels (e.g. 35); got {top_db!r}")
+    if isinstance(top_db, bool) or not isinstance(top_db, numbers.Real) or not top_db > 0:
+        raise ValueError(f"top_db (the preprocess option trim_db) must be a positive number of decibels (e.g. 35); got {top_db!r}")
     w = check_waveform(waveform)
     win, hop = max(1, int(sample_rate * frame_length / 1000)), max(1, int(sample_rate * frame_shift / 1000))
     if w.shape[0] <= win:
         return w
-    power = w.unfold(0, win, hop).pow(2).mean(1)
+    power = w.unfold(0, win, hop).var(1, unbiased=False)
     db = 10 * torch.log10(power + 1e-10)
     keep = (db > db.max() - top_db).nonzero().flatten()
     first, last = int(keep[0]), int(keep[-1])

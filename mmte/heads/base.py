@@ -32,6 +32,8 @@ def masked_pool(hidden: torch.Tensor, mask: torch.Tensor | None, pool: str, num_
     if pool not in POOLINGS:
         raise ValueError(f"pool must be one of {POOLINGS}; got {pool!r}")
     n = hidden.shape[1]
+    if n == 0:
+        raise ValueError(f"pooling needs at least one token; got hidden states of shape {tuple(hidden.shape)}")
     if mask is None:  # every token real: a plain reduction over the tokens after the prefix (all when none are others)
         h = hidden[:, num_prefix_tokens:] if 0 < num_prefix_tokens < n else hidden
         return h.mean(1) if pool == "mean" else h.amax(1)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import warnings
 from collections.abc import Iterator
 
@@ -221,18 +222,33 @@ def global_hooks() -> bool:
     return bool(m._global_forward_hooks or m._global_forward_pre_hooks)
 
 
+_pool_lock = threading.Lock()
+_pool_users = 0
+_pool_saved = 1
+
+
 @contextlib.contextmanager
 def one_thread() -> Iterator[None]:
-    """Run the block with torch's intra-op pool at one thread (the small-row path; restored after)."""
-    n = torch.get_num_threads()
-    if n == 1:
-        yield
-        return
-    torch.set_num_threads(1)
+    """Run the block with torch's intra-op pool at one thread (the small-row path; restored after).
+
+    The thread count is process-wide, so callers on several Python threads (a threaded server) share one
+    count: the first in saves it, the last out restores it; until then other work in the process also
+    runs on one intra-op thread.
+    """
+    global _pool_users, _pool_saved
+    with _pool_lock:
+        if _pool_users == 0:
+            _pool_saved = torch.get_num_threads()
+            if _pool_saved != 1:
+                torch.set_num_threads(1)
+        _pool_users += 1
     try:
         yield
     finally:
-        torch.set_num_threads(n)
+        with _pool_lock:
+            _pool_users -= 1
+            if _pool_users == 0 and _pool_saved != 1:
+                torch.set_num_threads(_pool_saved)
 
 
 def small_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -16,9 +16,9 @@ sets ``M_MMAP_THRESHOLD`` to 32 MiB (glibc's maximum on 64-bit; larger blocks ar
 ``M_TRIM_THRESHOLD`` to 1 GiB through ``mallopt``. The process then keeps up to its peak heap, as a
 caching allocator does. It is left alone when:
 
-* ``$MMTE_MALLOC`` is ``0``/``off``/``false`` (the opt-out);
-* the user tuned glibc already (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_TOP_PAD_``
-  or a ``glibc.malloc`` tunable in ``GLIBC_TUNABLES``);
+* ``$MMTE_MALLOC`` is ``0``/``off``/``false``/``no`` (the opt-out);
+* the user tuned glibc already (any ``MALLOC_*`` variable, e.g. ``MALLOC_MMAP_THRESHOLD_`` or
+  ``MALLOC_ARENA_MAX``, or a ``glibc.malloc`` tunable in ``GLIBC_TUNABLES``);
 * another allocator is preloaded (jemalloc, tcmalloc, mimalloc in ``LD_PRELOAD``);
 * the C library is not glibc (macOS, Windows, musl) or has no ``mallopt``.
 """
@@ -38,7 +38,6 @@ __all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "heap_plan", "keep_heap"]
 MMAP_THRESHOLD = 32 << 20  # glibc's largest allowed value on 64-bit (HEAP_MAX_SIZE / 2)
 TRIM_THRESHOLD = 1 << 30
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # <malloc.h>
-_USER_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 _OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 _applied: str | None = None
 
@@ -53,7 +52,7 @@ def heap_plan(environ: dict[str, str] | None = None, libc: str | None = None) ->
     env = os.environ if environ is None else environ
     if env.get("MMTE_MALLOC", "").strip().lower() in ("0", "off", "false", "no"):
         return "MMTE_MALLOC=" + env["MMTE_MALLOC"]
-    user = [v for v in _USER_VARS if env.get(v, "").strip()]
+    user = sorted(v for v, val in env.items() if v.startswith("MALLOC_") and val.strip())
     if "glibc.malloc" in env.get("GLIBC_TUNABLES", ""):
         user.append("GLIBC_TUNABLES")
     if user:
@@ -84,10 +83,15 @@ def keep_heap() -> str:
         try:
             mallopt = ctypes.CDLL(None).mallopt
             mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-            ok = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+            mmap_ok = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+            trim_ok = mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
         except (AttributeError, OSError):
-            ok = False
-        why = None if ok else "mallopt unavailable"
+            why = "mallopt unavailable"
+        else:
+            if not (mmap_ok and trim_ok):  # mallopt returns 1 on success, 0 on a refused value
+                why = "mallopt refused " + " and ".join(
+                    n for n, ok in (("the mmap threshold", mmap_ok), ("the trim threshold", trim_ok)) if not ok
+                ) + (" (the other was set)" if mmap_ok or trim_ok else "")
     _applied = ("left as is (" + why + ")") if why else (
         f"glibc heap kept (blocks up to {MMAP_THRESHOLD >> 20} MiB reused, trimmed above {TRIM_THRESHOLD >> 30} GiB free; MMTE_MALLOC=0 turns off)"
     )

@@ -133,8 +133,11 @@ def test_trim_silence_cuts_quiet_ends_only():
     torch.testing.assert_close(trim_silence(tone.float(), sr, 100.0), tone.float())  # nothing below -100 dB: whole
     frames = compute_fbank(w, sr, target_rate=8000, num_mel_bins=24, trim_db=35.0).shape[0]
     assert frames == compute_fbank(out, sr, target_rate=8000, num_mel_bins=24).shape[0] < compute_fbank(w, sr, target_rate=8000, num_mel_bins=24).shape[0]
-    for bad in (0, -3, "35", True):
-        with pytest.raises(ValueError, match="trim_db must be a positive number"):
+    # a DC offset (the whole clip 0.1 off zero, as in some FSDD files) is not sound: the same cut
+    torch.testing.assert_close(trim_silence(w + 0.1, sr, 35.0), out + 0.1)
+    assert trim_silence(w, sr, np.float32(35.0)).shape == out.shape  # a numpy number is a number
+    for bad in (0, -3, "35", True, float("nan")):
+        with pytest.raises(ValueError, match="top_db \\(the preprocess option trim_db\\) must be a positive number"):
             trim_silence(w, sr, bad)
 
 

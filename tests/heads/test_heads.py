@@ -39,6 +39,9 @@ def test_masked_pool_matches_loop(pool, prefix):
 def test_masked_pool_rejects_empty_and_bad_name():
     with pytest.raises(ValueError, match="at least one real"):
         masked_pool(torch.randn(1, 3, 2), torch.tensor([[True, False, False]]), "mean", 1)
+    for mask in (None, torch.ones(2, 0, dtype=torch.bool)):  # no tokens at all: an error, not a NaN
+        with pytest.raises(ValueError, match=r"at least one token; got hidden states of shape \(2, 0, 4\)"):
+            masked_pool(torch.randn(2, 0, 4), mask, "mean")
     with pytest.raises(ValueError, match=r"pool must be one of \('cls', 'mean', 'max'\); got 'avg'"):
         masked_pool(torch.randn(1, 3, 2), None, "avg")
 

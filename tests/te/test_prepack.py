@@ -140,6 +140,7 @@ def test_inference_path_of_the_quickstart_model_prepacks_its_backbone():
 
 
 # ------------------------------------------------------------------------------ small-row path
+@needs_bf16
 @needs_small
 def test_small_rows_run_fp32_on_fp16_packed_bf16_weights():
     lin = _lin(BF16, 384, 1152)
@@ -374,6 +375,45 @@ def test_small_row_backbone_runs_on_one_thread():
         assert seen == [1] and torch.get_num_threads() == 2
         inf(large)
         assert seen == [1, 2] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_one_thread_from_several_python_threads_restores_the_count():
+    """The thread count is process-wide: overlapping callers on several Python threads (a threaded
+    server) each keep one thread for as long as they are inside, also after another caller left (a
+    save/restore per call would hand the second its two threads back mid-call), and the caller's count
+    comes back when the last one leaves."""
+    import threading
+
+    from mmte.te.prepack import one_thread
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    inside, first_in, first_may_leave = [], threading.Event(), threading.Event()
+
+    def first():
+        with one_thread():
+            inside.append(("first", torch.get_num_threads()))
+            first_in.set()
+            first_may_leave.wait(30)
+
+    def second():
+        first_in.wait(30)
+        with one_thread():
+            inside.append(("second", torch.get_num_threads()))
+            first_may_leave.set()
+            threads[0].join(30)  # the first has left; the second is still inside
+            inside.append(("second, alone", torch.get_num_threads()))
+
+    try:
+        threads = [threading.Thread(target=f) for f in (first, second)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert inside == [("first", 1), ("second", 1), ("second, alone", 1)]
+        assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
 

@@ -73,8 +73,24 @@ def test_patch_embed_linear_path_matches_the_convolution():
         torch.testing.assert_close(out_grad, ref, rtol=1e-5, atol=1e-5)
     with torch.inference_mode():  # the tokenizer's output is unchanged by the path
         torch.testing.assert_close(tok(x).tokens, torch.enable_grad()(tok)(x).tokens.detach(), rtol=1e-5, atol=1e-5)
+    # a partial last patch (17 x 35 with 4 x 8 patches): dropped, as the convolution does
+    x = torch.randn(2, 3, 17, 35)
+    ref = F.conv2d(x, tok.proj.weight, tok.proj.bias, stride=(4, 8)).flatten(2).transpose(1, 2)
+    with torch.inference_mode():
+        out, grid = patch_embed(tok.proj, x)
+    assert grid == (4, 4)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     seen = []
     tok.proj.register_forward_hook(lambda m, i, o: seen.append(1))  # a hooked convolution runs as a module
     with torch.inference_mode():
-        tok(x)
+        tok(torch.randn(2, 3, 16, 32))
     assert seen == [1]
+    seen.clear()
+    tok.proj._forward_hooks.clear()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: seen.append(type(m).__name__))
+    try:  # ... and so does one under a global hook
+        with torch.inference_mode():
+            patch_embed(tok.proj, torch.randn(1, 3, 16, 32))
+    finally:
+        handle.remove()
+    assert seen == ["Conv2d"]
