@@ -51,7 +51,7 @@ class AttentionPoolHead(ClassificationHead):
 
     def __init__(self, dim: int, num_classes: int, **kwargs):
         super().__init__(dim, num_classes, **kwargs)
-        self.score = nn.Linear(dim, 1)
+        self.score = nn.Linear(dim, 1, bias=False)  # a bias would shift every score alike: no softmax weight changes
 
     def forward(self, hidden: torch.Tensor, seq: TokenSeq | None = None) -> torch.Tensor:
         s = self.score(hidden).squeeze(-1)

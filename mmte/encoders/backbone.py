@@ -178,10 +178,10 @@ class Backbone(TransformerStack):
         )
 
     def lowp_dtype(self, x: torch.Tensor) -> torch.dtype | None:
-        """The dtype the low-precision path runs ``x`` in, or None to run as is.
+        """The dtype the low-precision path runs ``x`` in, or None to leave ``x``'s dtype unchanged.
 
         ``compute_dtype`` when set (e.g. by :func:`mmte.inference.optimize`), except for inputs of at most
-        ``small_rows`` rows without autograd (run as is); otherwise bf16 when ``x``'s
+        ``small_rows`` rows without autograd (those stay fp32 for the small-row path); otherwise bf16 when ``x``'s
         device runs under bf16 autocast (Lightning's ``bf16-mixed``) and every GEMM is a plain
         :class:`~mmte.te.Linear` (FP8 and TE layers keep their own precision handling).
         """

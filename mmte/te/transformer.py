@@ -253,8 +253,9 @@ class TransformerLayer(nn.Module):
         fp32 inputs to a low-precision (bf16) layer take the small-row path of :mod:`mmte.te.prepack`
         (fp16-packed weights, fp32 activations); inputs in the weights' dtype the oneDNN-packed GEMMs.
         The layer's own call (and its hooks) happens as usual; its GEMM modules are not called, so a GEMM
-        carrying a forward hook (a LoRA adapter) sends the layer down the module path; the norms and the
-        attention core (where a mask applies) are called as modules."""
+        carrying a forward hook (a LoRA adapter) sends the layer down the module path; the norms run as
+        functions on their parameters (:func:`~mmte.te.norm.apply_norm`), the attention core (where a
+        mask applies) as a module."""
         sub = self._modules  # plain dict lookups: at one item of a few tokens, attribute fallbacks add up
         attn, mlp = sub["self_attention"], sub["layernorm_mlp"]
         am, mm = attn._modules, mlp._modules
