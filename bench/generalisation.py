@@ -29,6 +29,7 @@ model for a new voice); forecast and tabular test the best-validation checkpoint
     python bench/generalisation.py --families forecast --horizons 96 192 336 720
     python bench/generalisation.py --families forecast --mmte-args "--model.lr 3e-4"   # a recipe variant
     python bench/generalisation.py --merge a.json b.json --write BENCHMARKS.md         # join runs made side by side
+    python bench/generalisation.py --workdir W --resume ...            # a killed run, from its last checkpoints
     python bench/generalisation.py --smoke                            # the pipeline in about a minute
 
 Prints a markdown table per family and the issue's targets, writes JSON to ``bench/results/generalisation.json``
@@ -59,19 +60,25 @@ MARK_BEGIN, MARK_END = "<!-- generalisation:begin -->", "<!-- generalisation:end
 
 # ------------------------------------------------------------------------------------------ running mmte
 def mmte_fit(args: list[str], root: str):
-    """``mmte fit <args>`` in this process; returns the finished CLI (trainer, model, datamodule)."""
+    """``mmte fit <args>`` in this process; returns the finished CLI (trainer, model, datamodule). With
+    ``--resume``, a run whose ``root`` holds ``checkpoints/last.ckpt`` (a killed bench) goes on from it."""
     from mmte.cli import MMTECLI
 
+    last = os.path.join(root, "checkpoints", "last.ckpt")
+    resume = ["--ckpt_path", last] if RESUME and os.path.isfile(last) else []
+    if resume:
+        print(f"resuming {root} from {last}", flush=True)
     argv, sys.argv = sys.argv, sys.argv[:1]  # the bench's own options are not the CLI's
     try:
         return MMTECLI(args=["fit", *args, *EXTRA, "--trainer.default_root_dir", root, "--trainer.enable_progress_bar", "false",
-                             "--trainer.enable_model_summary", "false"])
+                             "--trainer.enable_model_summary", "false", *resume])
     finally:
         sys.argv = argv
 
 
 SMOKE: list[str] = []  # --smoke: extra CLI arguments that make every run a few steps of a tiny model
 EXTRA: list[str] = []  # --mmte-args: extra CLI arguments for every mmte run (variants of a recipe)
+RESUME = False  # --resume: runs go on from their last checkpoint in --workdir
 
 
 def _scaled_epochs(recipe: Path, scale: float) -> list[str]:
@@ -189,7 +196,7 @@ def _fold_job(args, work: str, spk: str) -> subprocess.Popen:
     """A fold in its own process (one torch thread), for ``--jobs`` > 1."""
     cmd = [sys.executable, os.fspath(Path(__file__).resolve()), "--family", "audio", "--fold", spk, "--epochs-scale", str(args.epochs_scale),
            "--data", os.fspath(args.data), "--workdir", work, "--out", os.path.join(work, f"fold-{spk}.json"), "--mmte-args", args.mmte_args,
-           *(["--smoke"] if args.smoke else [])]
+           *(["--smoke"] if args.smoke else []), *(["--resume"] if args.resume else [])]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MMTE_THREADS": "1"}
     with open(os.path.join(work, f"fold-{spk}.log"), "w") as log:  # the child keeps its own descriptor
         return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -430,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--write", type=Path, default=None, help="also write the tables into this BENCHMARKS.md")
     p.add_argument("--workdir", default=None, help="where the runs' logs and checkpoints go (default: a temporary folder)")
     p.add_argument("--mmte-args", default="", help="extra `mmte fit` arguments for every run, e.g. \"--model.lr 3e-4\" (recipe variants)")
+    p.add_argument("--resume", action="store_true",
+                   help="go on from each run's checkpoints/last.ckpt under --workdir (a killed bench; same command otherwise)")
     p.add_argument("--smoke", action="store_true", help="a pipeline check: tiny backbone, 2 training batches, 1 epoch (figures meaningless)")
     args = p.parse_args(argv)
     families = list(dict.fromkeys([f for group in args.families or [FAMILIES] for f in group]))
@@ -438,6 +447,10 @@ def main(argv: list[str] | None = None) -> int:
                     "--trainer.limit_train_batches", "2"]
         args.epochs_scale = min(args.epochs_scale, 1 / 15)
     EXTRA[:] = shlex.split(args.mmte_args)
+    global RESUME
+    RESUME = args.resume
+    if args.resume and not args.workdir:
+        raise SystemExit("--resume needs --workdir: the folder the killed run wrote its checkpoints to")
     env = _cpu()
     work = args.workdir or tempfile.mkdtemp(prefix="mmte-generalisation-")
     argv_used = sys.argv[1:] if argv is None else argv

@@ -83,3 +83,23 @@ def test_families_option_names_the_bad_value(bench, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--families", "audio,vision"])
     assert "unknown family ['vision']; expected a comma-separated subset of ['audio', 'forecast', 'tabular']" in capsys.readouterr().err
+
+
+def test_resume_goes_on_from_the_last_checkpoint(bench, tmp_path, monkeypatch):
+    import mmte.cli
+
+    seen = []
+    monkeypatch.setattr(mmte.cli, "MMTECLI", lambda args: seen.append(args) or args)
+    root = tmp_path / "audio" / "george"
+    monkeypatch.setattr(bench, "RESUME", True)
+    bench.mmte_fit(["--config", "r.yaml"], str(root))  # nothing to resume from yet: a fresh fit
+    assert "--ckpt_path" not in seen[-1]
+    (root / "checkpoints").mkdir(parents=True)
+    (root / "checkpoints" / "last.ckpt").write_bytes(b"")
+    bench.mmte_fit(["--config", "r.yaml"], str(root))
+    assert seen[-1][-2:] == ["--ckpt_path", str(root / "checkpoints" / "last.ckpt")] and seen[-1][:3] == ["fit", "--config", "r.yaml"]
+    monkeypatch.setattr(bench, "RESUME", False)
+    bench.mmte_fit(["--config", "r.yaml"], str(root))  # without --resume a run starts afresh
+    assert "--ckpt_path" not in seen[-1]
+    with pytest.raises(SystemExit, match="--resume needs --workdir"):
+        bench.main(["--families", "tabular", "--resume"])
