@@ -48,3 +48,29 @@ def shared_data() -> Path:
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+# ------------------------------------------------------------------ running the suite in parallel
+# pyproject's addopts run the suite on pytest-xdist workers (one per core, at most 4), a test file per
+# worker at a time (``--dist loadfile``: a file's module fixtures are built once). Two things make that
+# faster rather than slower on a small machine:
+#  * each worker, and every process a test starts from it (``mmte fit`` subprocesses, distributed ranks),
+#    gets cores // workers torch threads, so workers never oversubscribe the cores (an OpenMP team that
+#    waits on a descheduled thread turns a millisecond op into a time slice);
+#  * the files holding multi-process / multi-minute tests (``slow``) are handed out first, so the
+#    longest file is not the last one started.
+# ``-n 0`` (or ``-p no:xdist``) runs everything in this process, e.g. for a single test.
+def pytest_configure(config):
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers and os.environ.get("PYTEST_XDIST_WORKER"):
+        from mmte.training.threads import physical_cores
+
+        per = str(max(1, physical_cores() // int(workers)))
+        for var in ("OMP_NUM_THREADS", "MMTE_THREADS"):
+            os.environ.setdefault(var, per)
+        torch.set_num_threads(int(os.environ["MMTE_THREADS"]))
+
+
+def pytest_collection_modifyitems(config, items):
+    slow_files = {str(it.path) for it in items if it.get_closest_marker("slow")}
+    items.sort(key=lambda it: str(it.path) not in slow_files)  # stable: the order within each part is kept
