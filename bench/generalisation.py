@@ -61,13 +61,11 @@ MARK_BEGIN, MARK_END = "<!-- generalisation:begin -->", "<!-- generalisation:end
 # ------------------------------------------------------------------------------------------ running mmte
 def mmte_fit(args: list[str], root: str):
     """``mmte fit <args>`` in this process; returns the finished CLI (trainer, model, datamodule). With
-    ``--resume``, a run whose ``root`` holds ``checkpoints/last.ckpt`` (a killed bench) goes on from it."""
+    ``--resume``, ``--ckpt_path last``: a run whose ``root`` holds ``checkpoints/last.ckpt`` (a killed bench)
+    goes on from it, one without starts from scratch (mmte says which)."""
     from mmte.cli import MMTECLI
 
-    last = os.path.join(root, "checkpoints", "last.ckpt")
-    resume = ["--ckpt_path", last] if RESUME and os.path.isfile(last) else []
-    if resume:
-        print(f"resuming {root} from {last}", flush=True)
+    resume = ["--ckpt_path", "last"] if RESUME else []
     argv, sys.argv = sys.argv, sys.argv[:1]  # the bench's own options are not the CLI's
     try:
         return MMTECLI(args=["fit", *args, *EXTRA, "--trainer.default_root_dir", root, "--trainer.enable_progress_bar", "false",
@@ -447,10 +445,10 @@ def main(argv: list[str] | None = None) -> int:
                     "--trainer.limit_train_batches", "2"]
         args.epochs_scale = min(args.epochs_scale, 1 / 15)
     EXTRA[:] = shlex.split(args.mmte_args)
-    global RESUME
-    RESUME = args.resume
     if args.resume and not args.workdir:
         raise SystemExit("--resume needs --workdir: the folder the killed run wrote its checkpoints to")
+    global RESUME
+    RESUME = args.resume
     env = _cpu()
     work = args.workdir or tempfile.mkdtemp(prefix="mmte-generalisation-")
     argv_used = sys.argv[1:] if argv is None else argv

@@ -86,20 +86,20 @@ def test_families_option_names_the_bad_value(bench, capsys):
 
 
 def test_resume_goes_on_from_the_last_checkpoint(bench, tmp_path, monkeypatch):
+    """--resume hands each run mmte's own ``--ckpt_path last`` (resolved under the run's root; a run with no
+    checkpoint yet starts from scratch: tests/test_cli.py checks both)."""
     import mmte.cli
 
     seen = []
     monkeypatch.setattr(mmte.cli, "MMTECLI", lambda args: seen.append(args) or args)
-    root = tmp_path / "audio" / "george"
+    root = str(tmp_path / "audio" / "george")
     monkeypatch.setattr(bench, "RESUME", True)
-    bench.mmte_fit(["--config", "r.yaml"], str(root))  # nothing to resume from yet: a fresh fit
-    assert "--ckpt_path" not in seen[-1]
-    (root / "checkpoints").mkdir(parents=True)
-    (root / "checkpoints" / "last.ckpt").write_bytes(b"")
-    bench.mmte_fit(["--config", "r.yaml"], str(root))
-    assert seen[-1][-2:] == ["--ckpt_path", str(root / "checkpoints" / "last.ckpt")] and seen[-1][:3] == ["fit", "--config", "r.yaml"]
+    bench.mmte_fit(["--config", "r.yaml"], root)
+    assert seen[-1][:3] == ["fit", "--config", "r.yaml"] and seen[-1][-2:] == ["--ckpt_path", "last"]
+    assert seen[-1][seen[-1].index("--trainer.default_root_dir") + 1] == root
     monkeypatch.setattr(bench, "RESUME", False)
-    bench.mmte_fit(["--config", "r.yaml"], str(root))  # without --resume a run starts afresh
+    bench.mmte_fit(["--config", "r.yaml"], root)  # without --resume a run starts afresh
     assert "--ckpt_path" not in seen[-1]
     with pytest.raises(SystemExit, match="--resume needs --workdir"):
         bench.main(["--families", "tabular", "--resume"])
+    assert bench.RESUME is False  # refused before any state is set

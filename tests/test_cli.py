@@ -188,6 +188,16 @@ def test_fit_then_predict_writes_csv_and_json(tmp_path, capsys):
     assert [r["id"] for r in data] == [r["id"] for r in rows]
 
 
+def test_fit_ckpt_path_last_without_a_checkpoint_starts_from_scratch(tmp_path, capsys):
+    root = tmp_path / "run"
+    base = ["fit", "--config", str(QUICK), "--config", str(TINY), "--trainer.default_root_dir", str(root), *FAST,
+            "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "0"]
+    assert main([*base, "--ckpt_path", "last"]) == 0
+    last = root / "checkpoints" / "last.ckpt"
+    assert f"mmte: warning: --ckpt_path last: there is no {last} yet, so training starts from scratch" in capsys.readouterr().err
+    assert torch.load(last, weights_only=False)["epoch"] == 0
+
+
 KILLER = textwrap.dedent(
     """
     import os, signal
