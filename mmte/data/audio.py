@@ -105,12 +105,16 @@ def compute_fbank(
     mean: float | None = AUDIOSET_MEAN,
     std: float | None = AUDIOSET_STD,
     trim_db: float | None = None,
+    vtln_warp: float = 1.0,
 ) -> torch.Tensor:
     """Waveform ``[T]`` -> log-mel fbank ``[frames, num_mel_bins]`` at ``target_rate``.
 
     Resamples with ``torchaudio.functional.resample`` when ``sample_rate != target_rate``.
     ``mean``/``std`` None: no normalisation. ``trim_db``: first cut leading/trailing near-silence
-    (:func:`trim_silence`; None: keep the clip whole).
+    (:func:`trim_silence`; None: keep the clip whole). ``vtln_warp``: a frequency-warp factor of the
+    mel filterbank (Kaldi's piecewise-linear VTLN warp between 100 Hz and 500 Hz below Nyquist; 1.0:
+    none), as a vocal-tract-length perturbation draws per training clip
+    (:class:`mmte.data.augment.WaveformAugment`'s ``vtlp``).
     """
     import torchaudio
 
@@ -119,6 +123,8 @@ def compute_fbank(
         raise ValueError(f"sample_rate must be a positive int; got {sample_rate!r}")
     if trim_db is not None:
         w = trim_silence(w, sample_rate, trim_db, frame_length, frame_shift)
+    if not isinstance(vtln_warp, (int, float)) or not 0.5 <= float(vtln_warp) <= 2.0:
+        raise ValueError(f"vtln_warp must be a number in [0.5, 2.0] (1.0: no warp); got {vtln_warp!r}")
     if sample_rate != target_rate:
         w = torchaudio.functional.resample(w, sample_rate, target_rate)
     min_len = int(target_rate * frame_length / 1000)
@@ -134,6 +140,7 @@ def compute_fbank(
         dither=0.0,
         frame_length=frame_length,
         frame_shift=frame_shift,
+        vtln_warp=float(vtln_warp),
     )
     if mean is not None and std is not None:
         fb = (fb - mean) / (2 * std)

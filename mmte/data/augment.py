@@ -6,7 +6,9 @@ clips vary in the ways a new speaker or microphone differs, so the model has to 
 * :class:`WaveformAugment` on a mono waveform ``[S]``: speed perturbation (resampling by a random
   factor, which moves pitch and formants together, as Kaldi's 0.9/1.0/1.1 recipe), a random time
   shift (zero padding at the start or end), a random gain (dB) and additive white noise at a random
-  signal-to-noise ratio.
+  signal-to-noise ratio; and a vocal-tract-length perturbation (``vtlp``: the mel filterbank's
+  frequencies warped by a random factor, moving the formants but not the pitch or the tempo; Jaitly &
+  Hinton 2013), applied when :class:`AudioAugment` computes the fbank.
 * :class:`SpecAugment` on a log-mel fbank ``[T, F]``: frequency and time masks
   (``torchaudio.transforms.FrequencyMasking`` / ``TimeMasking``; Park et al. 2019), filled with the
   clip's mean so a later per-utterance normalisation sees no artificial outliers.
@@ -61,6 +63,8 @@ class WaveformAugment:
             stays; 0: off.
         gain_db: ``[low, high]`` gain in dB (a number ``g``: ``[-g, g]``); None: off.
         noise_snr_db: ``[low, high]`` signal-to-noise ratio in dB of added white noise; None: off.
+        vtlp: ``[low, high]`` frequency-warp factor of the mel filterbank (e.g. ``[0.9, 1.1]``), drawn
+            uniformly per clip (:meth:`warp`); None: off.
         p: probability that a clip is augmented at all.
     """
 
@@ -69,6 +73,7 @@ class WaveformAugment:
     shift: float = 0.0
     gain_db: float | list[float] | None = None
     noise_snr_db: list[float] | None = None
+    vtlp: list[float] | None = None
     p: float = 1.0
 
     def __post_init__(self):
@@ -77,6 +82,9 @@ class WaveformAugment:
             raise ValueError(f"augment speed must lie in [0.5, 2.0]; got {self.speed!r}")
         self._gain = _range(self.gain_db, "gain_db", symmetric=True)
         self._snr = _range(self.noise_snr_db, "noise_snr_db")
+        self._vtlp = _range(self.vtlp, "vtlp", 0.5)
+        if self._vtlp is not None and self._vtlp[1] > 2.0:
+            raise ValueError(f"augment vtlp must lie in [0.5, 2.0]; got {self.vtlp!r}")
         if not 0.0 <= float(self.shift) < 1.0:
             raise ValueError(f"augment shift must be a fraction in [0, 1); got {self.shift!r}")
         if not 0.0 <= float(self.p) <= 1.0:
@@ -86,14 +94,23 @@ class WaveformAugment:
 
     @property
     def active(self) -> bool:
-        return self.p > 0 and (self._speed is not None or self.shift > 0 or self._gain is not None or self._snr is not None)
+        return self.p > 0 and (self._speed is not None or self.shift > 0 or self._gain is not None or self._snr is not None or self._vtlp is not None)
 
-    def __call__(self, waveform: torch.Tensor, sample_rate: int) -> torch.Tensor:
-        """``[S]`` float waveform -> an augmented ``[S']`` waveform (``S'`` differs under speed changes)."""
+    def warp(self) -> float:
+        """A clip's filterbank warp factor: ``U[vtlp]``, or 1.0 when ``vtlp`` is off (no random number
+        is drawn then, so runs without it repeat as before)."""
+        if self._vtlp is None:
+            return 1.0
+        lo, hi = self._vtlp
+        return lo + (hi - lo) * float(torch.rand(()))
+
+    def __call__(self, waveform: torch.Tensor, sample_rate: int, draw: bool = True) -> torch.Tensor:
+        """``[S]`` float waveform -> an augmented ``[S']`` waveform (``S'`` differs under speed changes).
+        ``draw=False``: the caller has already decided (with probability ``p``) that this clip is augmented."""
         import torchaudio
 
         w = waveform
-        if not self.active or float(torch.rand(())) >= self.p:
+        if not self.active or (draw and float(torch.rand(())) >= self.p):
             return w
         if self._speed is not None:
             lo, hi = self._speed
@@ -248,6 +265,9 @@ class AudioAugment:
         trim_db = fbank_kwargs.pop("trim_db", None)
         if trim_db is not None:  # on the recording, before the perturbations (added noise would hide the silence)
             source = trim_silence(source, sample_rate, trim_db, fbank_kwargs.get("frame_length", 25.0), fbank_kwargs.get("frame_shift", 10.0))
-        w = self.waveform(source, sample_rate)
-        fb = self.spec(compute_fbank(w, sample_rate, mean=None, std=None, **fbank_kwargs))
+        base = fbank_kwargs.pop("vtln_warp", 1.0)  # a fixed warp of the preprocessing, the perturbation on top
+        augment = self.waveform.active and float(torch.rand(())) < self.waveform.p
+        w = self.waveform(source, sample_rate, draw=False) if augment else source
+        warp = base * self.waveform.warp() if augment else base
+        fb = self.spec(compute_fbank(w, sample_rate, mean=None, std=None, vtln_warp=warp, **fbank_kwargs))
         return fb if mean is None or std is None else (fb - mean) / (2 * std)

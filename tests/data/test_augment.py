@@ -127,3 +127,54 @@ def test_no_op_augment_equals_plain_preprocessing(tmp_path):
     for kw in ({}, {"mean": None, "std": None}, {"mean": -3.0, "std": 2.0}):
         ref = preprocess_audio(str(tmp_path / "a.wav"), target_rate=8000, num_mel_bins=24, **kw)
         torch.testing.assert_close(aug.fbank(str(tmp_path / "a.wav"), target_rate=8000, num_mel_bins=24, **kw), ref, rtol=0, atol=0)
+
+
+def _centroid_bin(fb: torch.Tensor) -> float:
+    power = fb.exp().mean(0)  # Kaldi's fbank is the natural log of the mel band power
+    return float((power * torch.arange(power.shape[0])).sum() / power.sum())
+
+
+def test_vtlp_warps_the_filterbank_like_a_scaled_spectrum():
+    """A warp factor a moves a tone's energy to the mel bins of a tone a times higher (Kaldi's VTLN warp
+    is linear between 100 Hz and 500 Hz below Nyquist): checked against unwarped tones, not the warp code."""
+    from mmte.data.audio import compute_fbank
+
+    t = torch.arange(8000) / 8000
+
+    def tone(hz: float) -> torch.Tensor:
+        return (0.3 * torch.sin(2 * math.pi * hz * t)).float()
+
+    kw = {"target_rate": 8000, "num_mel_bins": 64, "mean": None, "std": None}
+    base = _centroid_bin(compute_fbank(tone(1000.0), 8000, **kw))
+    for a in (0.9, 1.1):
+        warped = _centroid_bin(compute_fbank(tone(1000.0), 8000, vtln_warp=a, **kw))
+        scaled = _centroid_bin(compute_fbank(tone(1000.0 * a), 8000, **kw))
+        assert abs(warped - scaled) < 0.3, (a, warped, scaled)
+        assert abs(warped - base) > 1.5, (a, warped, base)  # ~50 Hz per bin near 1 kHz: a 100 Hz move is ~2 bins
+    with pytest.raises(ValueError) as e:
+        compute_fbank(tone(1000.0), 8000, vtln_warp=3.0)
+    assert str(e.value) == "vtln_warp must be a number in [0.5, 2.0] (1.0: no warp); got 3.0"
+
+
+def test_vtlp_draws_a_warp_per_clip(tmp_path, monkeypatch):
+    import soundfile as sf
+
+    from mmte.data import audio
+
+    with pytest.raises(ValueError) as e:
+        WaveformAugment(vtlp=[0.9, 2.5])
+    assert str(e.value) == "augment vtlp must lie in [0.5, 2.0]; got [0.9, 2.5]"
+    assert WaveformAugment().warp() == 1.0 and not WaveformAugment().active and WaveformAugment(vtlp=[0.9, 1.1]).active
+    sf.write(tmp_path / "a.wav", _wave().numpy(), 8000)
+    seen = []
+    real = audio.compute_fbank
+    monkeypatch.setattr(audio, "compute_fbank", lambda *a, **k: (seen.append(k["vtln_warp"]), real(*a, **k))[1])
+    aug = AudioAugment.from_config({"vtlp": [0.9, 1.1]})
+    torch.manual_seed(0)
+    fbs = [aug.fbank(str(tmp_path / "a.wav"), target_rate=8000, num_mel_bins=32) for _ in range(20)]
+    assert all(0.9 <= w <= 1.1 for w in seen) and len(set(seen)) == 20 and max(seen) - min(seen) > 0.1
+    w, sr = audio.load_audio(tmp_path / "a.wav")
+    torch.testing.assert_close(fbs[3], real(w, sr, target_rate=8000, num_mel_bins=32, vtln_warp=seen[3]), rtol=0, atol=0)
+    seen.clear()  # with p = 0 no clip is warped; a fixed preprocessing warp passes through
+    AudioAugment.from_config({"vtlp": [0.9, 1.1], "p": 0.0}).fbank(str(tmp_path / "a.wav"), target_rate=8000, num_mel_bins=32, vtln_warp=1.05)
+    assert seen == [1.05]
