@@ -37,8 +37,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["AudioAugment", "SpecAugment", "WaveformAugment", "utterance_cmvn"]
 
 
-def _range(v: Any, what: str, lo: float = -math.inf, symmetric: bool = False) -> tuple[float, float] | None:
-    """``[low, high]`` -> a checked tuple; a single number ``g`` -> ``(-g, g)`` when ``symmetric``."""
+def _range(v: Any, what: str, lo: float = -math.inf, symmetric: bool = False, hi: float = math.inf) -> tuple[float, float] | None:
+    """``[low, high]`` -> a checked tuple; a single number ``g`` -> ``(-g, g)`` when ``symmetric``.
+    With a finite ``hi`` the range must also lie in ``[lo, hi]``."""
     if v is None:
         return None
     if symmetric and isinstance(v, (int, float)) and v >= 0:
@@ -46,6 +47,8 @@ def _range(v: Any, what: str, lo: float = -math.inf, symmetric: bool = False) ->
     t = tuple(float(x) for x in v) if isinstance(v, (list, tuple)) else None
     if t is None or len(t) != 2 or t[0] > t[1] or t[0] < lo:
         raise ValueError(f"augment {what} must be a [low, high] range with low <= high{f' (low >= {lo})' if lo > -math.inf else ''}; got {v!r}")
+    if t[1] > hi:
+        raise ValueError(f"augment {what} must lie in [{lo}, {hi}]; got {v!r}")
     return t
 
 
@@ -77,14 +80,10 @@ class WaveformAugment:
     p: float = 1.0
 
     def __post_init__(self):
-        self._speed = _range(self.speed, "speed", 0.5)
-        if self._speed is not None and self._speed[1] > 2.0:
-            raise ValueError(f"augment speed must lie in [0.5, 2.0]; got {self.speed!r}")
+        self._speed = _range(self.speed, "speed", 0.5, hi=2.0)
         self._gain = _range(self.gain_db, "gain_db", symmetric=True)
         self._snr = _range(self.noise_snr_db, "noise_snr_db")
-        self._vtlp = _range(self.vtlp, "vtlp", 0.5)
-        if self._vtlp is not None and self._vtlp[1] > 2.0:
-            raise ValueError(f"augment vtlp must lie in [0.5, 2.0]; got {self.vtlp!r}")
+        self._vtlp = _range(self.vtlp, "vtlp", 0.5, hi=2.0)
         if not 0.0 <= float(self.shift) < 1.0:
             raise ValueError(f"augment shift must be a fraction in [0, 1); got {self.shift!r}")
         if not 0.0 <= float(self.p) <= 1.0:
