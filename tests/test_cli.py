@@ -215,8 +215,11 @@ KILLER = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_resume_after_sigkill_matches_uninterrupted(tmp_path):
-    """With a frozen 'pretrained' backbone from a file, so the checkpoints resumed from are trainable-only."""
+@pytest.mark.parametrize("ema", [False, True], ids=["plain", "ema"])
+def test_resume_after_sigkill_matches_uninterrupted(tmp_path, ema):
+    """With a frozen 'pretrained' backbone from a file, so the checkpoints resumed from are trainable-only;
+    with Lightning's EMAWeightAveraging too, whose checkpoints carry the averaged weights in ``state_dict``
+    and the live ones in ``current_model_state`` (both trainable-only; both restored on resume)."""
     from safetensors.torch import save_file
 
     from mmte.encoders import Backbone
@@ -230,6 +233,8 @@ def test_resume_after_sigkill_matches_uninterrupted(tmp_path):
               "--trainer.max_epochs", "4", "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "3",
               "--data.init_args.batch_size", "16", "--model.lr", "0.003",
               "--model.backbone_weights", str(src), "--model.freeze", "backbone"]
+    if ema:
+        common += ["--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging", "--trainer.callbacks.decay", "0.9"]
 
     def run(root, *extra):
         return subprocess.run([*common, "--trainer.default_root_dir", str(root), *extra], env=env, capture_output=True, text=True, timeout=600,
@@ -243,6 +248,12 @@ def test_resume_after_sigkill_matches_uninterrupted(tmp_path):
     saved = torch.load(ck, weights_only=False)
     assert saved["epoch"] == 1 and saved["mmte"]["frozen"]["source"] == str(src)
     assert not any(k.startswith("model.backbone.") for k in saved["state_dict"])  # trainable part only
+    if ema:
+        live, avg = saved["current_model_state"], saved["state_dict"]
+        assert set(live) == set(avg) and not any(k.startswith("model.backbone.") for k in live)
+        assert saved["averaging_state"]["n_averaged"].item() == 12  # 2 epochs x 6 steps
+        head = next(k for k in avg if k.startswith("model.heads.") and k.endswith("weight"))
+        assert not torch.equal(live[head], avg[head])  # the averaged weights are not the live ones
     assert not list((tmp_path / "b" / "checkpoints").glob(".tmp-*"))
     resumed = run(tmp_path / "b", "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-2000:]

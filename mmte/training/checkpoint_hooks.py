@@ -4,7 +4,9 @@ When the frozen backbone came from a source, ``on_save_checkpoint`` drops its te
 ``checkpoint["mmte"]["frozen"]`` = {source, keys, sha256 fingerprint}; ``on_load_checkpoint`` rebuilds
 them from that source, checks the fingerprint and puts them back, so ``load_state_dict(strict=True)``
 (Lightning's resume and ``load_from_checkpoint``) sees every key. A frozen backbone without a source
-(random init) is saved. Loading also reconciles FP8 scaling state with the model being loaded and
+(random init) is saved. The same holds for ``checkpoint["current_model_state"]``, where Lightning's
+``WeightAveraging`` callbacks (e.g. ``EMAWeightAveraging``) keep the live weights while
+``state_dict`` carries the averaged ones. Loading also reconciles FP8 scaling state with the model being loaded and
 turns an FQN-keyed optimizer state (written under :class:`~mmte.training.strategy.MMTEStrategy`,
 :mod:`mmte.training.portable`) back into torch's positional one for a single-process run.
 """
@@ -90,6 +92,10 @@ class CheckpointHooks:
             return  # nothing to leave out, or not the rank that writes (distributed saves gather onto rank 0)
         for k in keys:
             del sd[k]
+        live = checkpoint.get("current_model_state")  # a weight-averaging callback's live weights (written before us)
+        if isinstance(live, dict):
+            for k in keys:
+                live.pop(k, None)
         if self._frozen_fingerprint is None:
             src = self._source_state()
             self._frozen_fingerprint = state_fingerprint({k: src[k.removeprefix("model.backbone.")] for k in keys})
@@ -116,7 +122,11 @@ class CheckpointHooks:
                 )
             self._frozen_fingerprint = fp
             checkpoint["state_dict"].update(frozen)
+            if isinstance(checkpoint.get("current_model_state"), dict):
+                checkpoint["current_model_state"].update(frozen)
         reconcile_fp8_state(checkpoint["state_dict"], self)
+        if isinstance(checkpoint.get("current_model_state"), dict):
+            reconcile_fp8_state(checkpoint["current_model_state"], self)
         strategy = getattr(self._trainer, "strategy", None) if self._trainer is not None else None
         if mm.get("optimizer_format") == FLAT and checkpoint.get("optimizer_states") and not hasattr(strategy, "parallel_config"):
             # written under MMTEStrategy (FQN-keyed): back to positions for this single-process optimizer
