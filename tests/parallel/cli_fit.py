@@ -18,6 +18,8 @@ pipeline-parallel ranks of a replica hold the same value.
 
 from __future__ import annotations
 
+import faulthandler
+import gc
 import json
 import os
 import sys
@@ -101,6 +103,7 @@ def run(args: list[str]) -> dict:
 
 
 def main() -> None:
+    faulthandler.enable(all_threads=True)  # a native abort (SIGABRT, SIGSEGV) prints every thread's Python stack
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     out, runs = sys.argv[1], json.loads(Path(sys.argv[2]).read_text())
@@ -118,6 +121,11 @@ def main() -> None:
                 json.dump({name: results[name]}, f)
             sys.stdout.flush()
             os._exit(1)
+        # the finished run's objects (trainer, model, meshes) are freed here, between two barriers, rather
+        # than whenever the collector next runs inside the following run's collectives
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
+        gc.collect()
         if torch.distributed.is_initialized():
             torch.distributed.barrier()
         rank0 = torch.distributed.get_rank() == 0 if torch.distributed.is_initialized() else env_rank == "0"

@@ -23,8 +23,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -56,7 +58,13 @@ def _dp(fragment: str) -> int:
 
 
 def launch(world: int, runs: dict[str, list[str]], tmp: Path, timeout: int) -> dict:
-    """Run ``cli_fit.py`` over ``runs`` in one launch of ``world`` processes; its JSON results."""
+    """Run ``cli_fit.py`` over ``runs`` in one launch of ``world`` processes; its JSON results.
+
+    A launch in which a process died of a native abort (no Python error recorded by any run) is started
+    once more from clean run folders, with a warning holding the dead process's stacks: such an abort was
+    seen twice in CI under load (in the gloo/C++ layer, between or after runs) and never reproduced alone.
+    A second abort, or any Python error, fails the test.
+    """
     tmp.mkdir(parents=True, exist_ok=True)
     spec, out = tmp / f"runs{world}.json", tmp / f"out{world}.json"
     spec.write_text(json.dumps(runs))
@@ -67,10 +75,28 @@ def launch(world: int, runs: dict[str, list[str]], tmp: Path, timeout: int) -> d
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world), "--master_port", str(29500 + os.getpid() % 1000 + world),
                script, str(out), str(spec)]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    errors = {k: v for f in tmp.glob(f"out{world}.json.error-*") for k, v in json.loads(f.read_text()).items()}
+    for attempt in (1, 2):
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        errors = {k: v for f in tmp.glob(f"out{world}.json.error-*") for k, v in json.loads(f.read_text()).items()}
+        if attempt == 1 and proc.returncode != 0 and not errors and _native_abort(proc):
+            warnings.warn(f"launch of {world} process(es) over {sorted(runs)} died of a native abort; started again:\n"
+                          f"{proc.stderr[-4000:]}", stacklevel=2)
+            out.unlink(missing_ok=True)
+            for args in runs.values():
+                if "--trainer.default_root_dir" in args:
+                    shutil.rmtree(args[args.index("--trainer.default_root_dir") + 1], ignore_errors=True)
+            continue
+        break
     assert proc.returncode == 0 and out.exists() and not errors, f"{errors}\n{proc.stderr[-6000:]}"
     return json.loads(out.read_text())
+
+
+def _native_abort(proc: subprocess.CompletedProcess) -> bool:
+    """Whether a launch ended because a process was killed by SIGABRT or SIGSEGV (torchrun reports the
+    rank's exit code as -6 / -11; one process ends with the negative code itself)."""
+    if proc.returncode in (-6, -11):
+        return True
+    return any(f"exitcode  : {code} " in proc.stderr or f"(exitcode: {code})" in proc.stderr for code in (-6, -11))
 
 
 def _ok(result: dict, name: str) -> dict:
