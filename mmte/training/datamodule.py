@@ -201,6 +201,16 @@ def _preprocess_fn(modality: str, options: Mapping[str, Any] | None, min_frames:
     return audio
 
 
+def _group_normed(fn: Callable[[Any], Any], stats: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> Callable[[Any], Any]:
+    """``fn(path)`` standardised per mel bin by ``stats[path]`` (``group_norm``)."""
+
+    def call(path):
+        mean, std = stats[path]
+        return (fn(path) - mean) / std
+
+    return call
+
+
 def _as_array_input(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def call(value):
         if isinstance(value, list):  # Arrow hands nested lists back
@@ -516,6 +526,12 @@ class FolderDataModule(MMTEDataModule):
         max_frames: audio only: longest clip in frames (10 ms each); longer clips are cropped as crop says, and how many is logged once per split (None: no limit).
         crop: audio only: which max_frames frames of a long clip are kept: ``start``, ``center``, or ``random`` (a random window in training, the centre one in evaluation).
         augment: audio only: training-split augmentation (mmte.data.augment), e.g. ``{speed: [0.9, 1.1], shift: 0.1, gain_db: 6, noise_snr_db: [10, 40], freq_masks: 2, freq_width: 8, time_masks: 2, time_width: 10, vtlp: [0.9, 1.1]}``; None: off.
+        group_norm: audio only, with group_regex: standardise every clip per mel bin by the mean and std of all the
+            clips of its group (the speaker) in the same split, measured on the unaugmented fbanks (per-speaker
+            CMVN, as speaker-independent speech recognisers do): the speaker's microphone and voice colouring
+            go, the words stay. Evaluation splits use their own clips' statistics (no labels), so a new
+            speaker is normalised by its own recordings; a file whose name group_regex does not match is its
+            own group (per-utterance CMVN).
         **kwargs: :class:`MMTEDataModule` options.
     """
 
@@ -544,6 +560,7 @@ class FolderDataModule(MMTEDataModule):
         max_frames: int | None = None,
         crop: str = "start",
         augment: dict[str, Any] | None = None,
+        group_norm: bool = False,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -574,6 +591,11 @@ class FolderDataModule(MMTEDataModule):
                     raise ValueError(f"{name} {rx!r} is not a regular expression ({e})") from None
                 if name in ("label_regex", "group_regex") and compiled.groups < 1:
                     raise ValueError(f"{name} {rx!r} needs a group (...) capturing the {'label' if name == 'label_regex' else 'group'}")
+        if group_norm not in (True, False):
+            raise ValueError(f"group_norm must be true or false; got {group_norm!r}")
+        if group_norm and (modality != "audio" or group_regex is None):
+            raise ValueError(f"group_norm is for audio with a group_regex (the speaker); got modality {modality!r}, group_regex {group_regex!r}")
+        self.group_norm = group_norm
         for name, groups in (("val_groups", val_groups), ("test_groups", test_groups)):
             if groups is not None and group_regex is None:
                 raise ValueError(f"{name} needs group_regex (a pattern whose first group is a file's group, e.g. '^\\d+_([a-z]+)_')")
@@ -784,17 +806,38 @@ class FolderDataModule(MMTEDataModule):
 
         ds = datasets.Dataset.from_dict({**cols, "index": list(range(len(paths)))}) if paths else datasets.Dataset.from_dict({"path": [], "name": [], "index": []})
         self.collates = {self.modality: get_modality(self.modality).collate_fn}
+        plain, key = self._fn, (self.modality, self._effective_preprocess, self.min_frames)
+        norm = self._group_stats(split, paths, names) if self.group_norm and len(ds) else None
+        if norm is not None:
+            plain, key = _group_normed(plain, norm), (*key, "group_norm")
         if len(ds) and split == "train" and self._augment is not None:  # a fresh draw per item and epoch: never cached
             fn = _preprocess_fn(self.modality, self._effective_preprocess, self.min_frames, self._augment)
-            ds = mds.lazy_preprocess(ds, {self.modality: ("path", fn)}, keep)
+            ds = mds.lazy_preprocess(ds, {self.modality: ("path", fn if norm is None else _group_normed(fn, norm))}, keep)
         elif len(ds):
-            ds = self._prepare(ds, {self.modality: ("path", self._fn)}, (self.modality, self._effective_preprocess, self.min_frames), keep)
+            ds = self._prepare(ds, {self.modality: ("path", plain)}, key, keep)
         self.datasets[split] = ds
         self.names[split] = list(names)
         self.row_info[split] = {"path": [os.path.abspath(p) for p in paths]}
         if split == "predict":
             self._why_empty["predict"] = f"{self.sources['predict']!r} has no file"
         self._report_crops(split, paths)
+
+    def _group_stats(self, split: str, paths: Sequence[str], names: Sequence[str]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """``group_norm``: path -> (mean [F], std [F]) of the unaugmented fbanks of all the split's clips in its group."""
+        rx = re.compile(self.group_regex)
+        groups: dict[str, list[str]] = {}
+        for p, n in zip(paths, names):
+            m = rx.search(n)
+            groups.setdefault(m.group(1) if m else f"file:{n}", []).append(p)
+        out = {}
+        for g, ps in groups.items():
+            fbs = torch.cat([self._fn(p).double() for p in ps], 0)
+            mean, std = fbs.mean(0), fbs.std(0, unbiased=False).clamp_min(1e-5)
+            out.update({p: (mean.float(), std.float()) for p in ps})
+        alone = sum(g.startswith("file:") for g in groups)
+        logger.info("%s split: each clip standardised per mel bin by its group's statistics (group_norm): %d group(s)%s", split,
+                    len(groups) - alone, f", {alone} file(s) group_regex does not match, each by its own" if alone else "")
+        return out
 
     def _report_crops(self, split: str, paths: Sequence[str]) -> None:
         if self.modality != "audio" or self.max_frames is None or not paths:

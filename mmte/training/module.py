@@ -49,6 +49,7 @@ from ..encoders import Backbone, load_backbone_state, load_state_dict_file
 # named below; re-exported here so existing imports keep working
 from ..encoders.sources import BACKBONE_SOURCES, _load_hf_backbone, resolve_backbone_source, source_config, source_name  # noqa: F401
 from ..model import MetaTransformer
+from . import mixup
 from .checkpoint_hooks import CheckpointHooks, state_fingerprint
 from .metrics import PRIMARY, RecallAtOne, batch_size, head_metrics
 from .model_spec import apply_data_info, backbone_config, backbone_from_source, head_task
@@ -109,6 +110,8 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
             or ``"fp8"``: the backbone's weights for predict (see :mod:`mmte.inference`).
         epoch_seed: re-seed torch's RNG at every training epoch from (this, epoch), so a resumed run
             draws the same dropout masks as an uninterrupted one; None: leave the RNG alone.
+        mixup: Beta(alpha, alpha) parameter of mixup on the training batches (:mod:`mmte.training.mixup`:
+            inputs blended with a shuffled copy of the batch, losses with the two targets); 0: off.
         data_info: what the data determines (classes, channels, horizon...); linked from the
             DataModule's ``model_info`` by the ``mmte`` CLI.
     """
@@ -132,6 +135,7 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
         fuse_for_inference: bool = False,
         predict_dtype: str = "auto",
         epoch_seed: int | None = 0,
+        mixup: float = 0.0,
         data_info: dict[str, Any] | None = None,
     ):
         super().__init__()
@@ -140,6 +144,8 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
             raise ValueError(f"save_frozen must be 'auto' or 'always'; got {save_frozen!r}")
         if predict_dtype not in ("auto", "fp32", "bf16", "fp8"):
             raise ValueError(f"predict_dtype must be 'auto', 'fp32', 'bf16' or 'fp8'; got {predict_dtype!r}")
+        if not isinstance(mixup, (int, float)) or isinstance(mixup, bool) or mixup < 0:
+            raise ValueError(f"mixup must be a number >= 0 (the Beta(alpha, alpha) parameter; 0: off); got {mixup!r}")
         if layer_decay is not None and not 0.0 < layer_decay <= 1.0:
             raise ValueError(f"layer_decay must be in (0, 1] or None; got {layer_decay!r}")
         if not isinstance(heads, Mapping) or not heads:
@@ -268,11 +274,23 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
         return f"{stage}_{metric}" if len(self.head_cfg) == 1 else f"{stage}_{head}_{metric}"
 
     def _step(self, batch: Mapping[str, Any], stage: str) -> torch.Tensor:
+        if stage == "train" and self.hparams.mixup:
+            return self._mixup_step(batch)
         out = self.model(batch)
         losses = self.model.loss(out, batch)
         self._log_losses(losses, stage, batch_size(batch))
         self._update_metrics(out, batch, stage)
         self._log_metrics(stage, batch_size(batch), heads=out)
+        return losses["loss"]
+
+    def _mixup_step(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        lam, perm = mixup.draw(self.hparams.mixup, batch_size(batch) or 0, self.device)
+        out = self.model(mixup.mix_inputs(batch, list(self.tokenizer_cfg), lam, perm))
+        targets = [h.target for h in self.model.heads.values() if h.target is not None]
+        losses = mixup.mixed_loss(self.model.loss, out, batch, targets, lam, perm)
+        self._log_losses(losses, "train", batch_size(batch))
+        self._update_metrics(out, batch, "train")  # against the dominant (unshuffled) item's target
+        self._log_metrics("train", batch_size(batch), heads=out)
         return losses["loss"]
 
     def _log_losses(self, losses: Mapping[str, torch.Tensor], stage: str, bs: int | None) -> None:

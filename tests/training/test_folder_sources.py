@@ -221,3 +221,60 @@ def test_state_dict_round_trip_and_restore(wavs):
     assert int(sub._ensure("train")[0]["label"]) == 1  # "1_anna_0.wav" is class 1 of the saved map
     with pytest.raises(ValueError, match=r"^the checkpoint's data is modality 'image'; this run's is 'audio'$"):
         sub.load_state_dict({**sd, "modality": "image"})
+
+
+def test_group_norm_standardises_each_clip_by_its_speakers_statistics(wavs, tmp_path, caplog):
+    """Per-speaker CMVN against a naive reference: every split's clips by the mean/std per mel bin of all
+    that speaker's clips in the same split; a file whose name has no speaker by its own statistics."""
+    from mmte.data.audio import preprocess_audio
+
+    other = tmp_path / "new"
+    other.mkdir()
+    _wav(other / "1_zed_0.wav", seconds=0.4, freq=700.0)
+    _wav(other / "1_zed_1.wav", seconds=0.6, freq=760.0)
+    _wav(other / "untitled.wav", seconds=0.5, freq=820.0)
+    dm = _dm(wavs, group_regex=GROUP_RX, val_groups=["bob"], group_norm=True, predict=os.fspath(other))
+    with caplog.at_level(logging.INFO, logger="mmte"):
+        dm.setup()
+        pred = dm._ensure("predict")
+
+    def ref(folder, names):
+        fbs = [preprocess_audio(os.fspath(folder / n), target_rate=8000, num_mel_bins=16).double() for n in names]
+        allf = torch.cat(fbs, 0)
+        mean, std = allf.mean(0), allf.std(0, unbiased=False)
+        return {n: ((fb - mean) / std).float() for n, fb in zip(names, fbs)}
+
+    want = {**ref(wavs, [n for n in sorted(os.listdir(wavs)) if "_anna_" in n]), **ref(wavs, [n for n in sorted(os.listdir(wavs)) if "_cleo_" in n]),
+            **ref(wavs, [n for n in sorted(os.listdir(wavs)) if "_bob_" in n]), **ref(other, ["1_zed_0.wav", "1_zed_1.wav"]),
+            **ref(other, ["untitled.wav"])}
+    for split in ("train", "val"):
+        ds = dm._ensure(split)
+        assert len(ds) == len(dm.row_names(split)) > 0
+        for i, n in enumerate(dm.row_names(split)):
+            torch.testing.assert_close(ds[i]["audio"], want[n], rtol=1e-4, atol=1e-4)
+    for i, n in enumerate(dm.row_names("predict")):
+        torch.testing.assert_close(pred[i]["audio"], want[n], rtol=1e-4, atol=1e-4)
+    x = torch.cat([dm._ensure("val")[i]["audio"] for i in range(9)])  # all of bob: zero mean, unit std per bin
+    torch.testing.assert_close(x.mean(0), torch.zeros(16), rtol=0, atol=1e-4)
+    torch.testing.assert_close(x.std(0, unbiased=False), torch.ones(16), rtol=0, atol=1e-4)
+    assert "val split: each clip standardised per mel bin by its group's statistics (group_norm): 1 group(s)" in caplog.text
+    assert "predict split: each clip standardised per mel bin by its group's statistics (group_norm): 1 group(s), 1 file(s)" in caplog.text
+    with pytest.raises(ValueError, match=r"^group_norm is for audio with a group_regex \(the speaker\); got modality 'audio', group_regex None"):
+        _dm(wavs, group_norm=True)
+    with pytest.raises(ValueError, match=r"^group_norm must be true or false; got 'yes'"):
+        _dm(wavs, group_regex=GROUP_RX, group_norm="yes")
+
+
+def test_group_norm_with_augmentation_uses_the_unaugmented_statistics(wavs):
+    """Training clips are augmented afresh each read, then standardised by their speaker's statistics of
+    the unaugmented clips: with a gain-only augmentation (a constant shift of the log-mel), the shift
+    survives the normalisation exactly, divided by the speaker's std."""
+    plain = _dm(wavs, group_regex=GROUP_RX, test_groups=["cleo"], val_fraction=0.0, group_norm=True)
+    aug = _dm(wavs, group_regex=GROUP_RX, test_groups=["cleo"], val_fraction=0.0, group_norm=True, augment={"gain_db": 6})
+    plain.setup("fit")
+    aug.setup("fit")
+    a, b = plain._ensure("train")[0]["audio"], aug._ensure("train")[0]["audio"]
+    assert a.shape == b.shape
+    d = b - a
+    assert not torch.allclose(d, torch.zeros_like(d), atol=1e-3)
+    torch.testing.assert_close(d, d[0:1].expand_as(d), rtol=0, atol=2e-3)  # the same per-bin shift in every frame
