@@ -160,6 +160,11 @@ class MMTEStrategy(ModelParallelStrategy):
                     f"pipeline parallel (pp={dims.pp}) runs one token sequence per sample; fusion 'separate' (each modality "
                     "through the backbone on its own, e.g. contrastive pairs) cannot be pipelined: use data or tensor parallel"
                 )
+            if hp.get("mixup"):
+                raise ValueError(
+                    f"model.mixup {hp.get('mixup')} is not applied under pipeline parallel (pp={dims.pp}): the schedule splits "
+                    "the batch into microbatches before any blending; set model.mixup 0, or use data or tensor parallel"
+                )
             if stage == "predict":
                 raise ValueError(
                     f"mmte predict does not run under pipeline parallel (pp={dims.pp}); checkpoints are portable: predict with "

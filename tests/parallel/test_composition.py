@@ -268,7 +268,7 @@ def test_impossible_combinations_are_refused_before_start(extra, message, tmp_pa
     assert not (tmp_path / "run").exists()  # nothing was started or written
 
 
-def test_pipeline_refuses_separate_fusion_and_predict(tmp_path):
+def test_pipeline_refuses_separate_fusion_predict_and_mixup(tmp_path):
     from mmte.training.module import MMTEModule
     from mmte.training.strategy import MMTEStrategy
 
@@ -282,6 +282,10 @@ def test_pipeline_refuses_separate_fusion_and_predict(tmp_path):
         MMTEStrategy(pp=2, dp_shard=1).preflight(cls, 2, "predict")
     with pytest.raises(ValueError, match=r"pp=2 with plain DDP \(dp_replicate=2\) is not supported"):
         MMTEStrategy(pp=2, dp_replicate=2, dp_shard=1).preflight(cls, 4)
+    mixed = MMTEModule({"image": img}, {"preset": "tiny", "num_layers": 4}, {"d": {"name": "classification", "num_classes": 3}}, mixup=0.4)
+    with pytest.raises(ValueError, match=r"^model.mixup 0.4 is not applied under pipeline parallel \(pp=2\)"):
+        MMTEStrategy(pp=2, dp_shard=1).preflight(mixed, 2)
+    assert MMTEStrategy(tp=2).preflight(mixed, 2).tp == 2  # tensor parallel blends the whole batch: allowed
 
 
 def test_readme_table_matches_the_matrix():
