@@ -26,6 +26,7 @@ model for a new voice); forecast and tabular test the best-validation checkpoint
     python bench/generalisation.py --families tabular                # one family (or audio,forecast)
     python bench/generalisation.py --families audio --fold theo      # one leave-one-speaker-out fold
     python bench/generalisation.py --families audio --folds 2 --epochs-scale 0.2   # a quick check
+    python bench/generalisation.py --families audio --seeds 0 1 2 --jobs 2   # every fold at three seeds: per-seed and mean
     python bench/generalisation.py --families forecast --horizons 96 192 336 720
     python bench/generalisation.py --families forecast --mmte-args "--model.lr 3e-4"   # a recipe variant
     python bench/generalisation.py --merge a.json b.json --write BENCHMARKS.md         # join runs made side by side
@@ -163,15 +164,17 @@ def small_cnn(train_fb, train_y, test_fb, test_y, epochs: int, seed: int = 0) ->
     return float((pred == yte).float().mean())
 
 
-def audio_fold(args, work: str, spk: str) -> dict:
-    """One leave-one-speaker-out fold: ``mmte fit`` on the other speakers, test on ``spk``; the baselines
-    on the same training and test clips."""
+def audio_fold(args, work: str, spk: str, seed: int | None = None) -> dict:
+    """One leave-one-speaker-out fold: ``mmte fit`` on the other speakers (at ``seed``: ``--seed_everything``;
+    None: the recipe's), test on ``spk``; the baselines on the same training and test clips."""
     recipe = ROOT / "recipes" / "fsdd_speakers.yaml"
     rec = os.fspath(args.data / "fsdd" / "recordings")
     t0 = time.time()
+    seeded = [] if seed is None else ["--seed_everything", str(seed)]
+    root = os.path.join(work, "audio", spk, *([] if seed is None else [f"seed{seed}"]))
     cli = mmte_fit(["--config", os.fspath(recipe), "--data.init_args.data_dir", rec, "--data.init_args.test_groups", f"[{spk}]",
                     "--data.init_args.val_groups", "null", "--data.init_args.val_fraction", "0", "--trainer.limit_val_batches", "0",
-                    *_scaled_epochs(recipe, args.epochs_scale)], os.path.join(work, "audio", spk))
+                    *_scaled_epochs(recipe, args.epochs_scale), *seeded], root)
     res = cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)[0]
     fit_s = time.time() - t0
     dm = cli.datamodule
@@ -183,34 +186,65 @@ def audio_fold(args, work: str, spk: str) -> dict:
     t1 = time.time()
     lr = pooled_logreg(tr_fb, tr_y, te_fb, te_y)
     cnn = small_cnn(tr_fb, tr_y, te_fb, te_y, epochs=max(1, round(15 * args.epochs_scale)))
-    row = {"speaker": spk, "mmte": float(res["test_acc"]), "pooled_fbank_logreg": lr, "small_cnn": cnn,
-           "train_clips": len(tr_y), "test_clips": len(te_y), "epochs": cli.trainer.current_epoch, "fit_s": round(fit_s),
-           "baselines_s": round(time.time() - t1)}
+    used_seed = cli.config["fit"].get("seed_everything") if seed is None else seed
+    run = {"seed": used_seed if isinstance(used_seed, int) and not isinstance(used_seed, bool) else None, "mmte": float(res["test_acc"]),
+           "epochs": cli.trainer.current_epoch, "fit_s": round(fit_s)}
+    row = _fold_row(spk, [run], {"pooled_fbank_logreg": lr, "small_cnn": cnn, "train_clips": len(tr_y), "test_clips": len(te_y),
+                                 "baselines_s": round(time.time() - t1)})
     print(json.dumps(row), flush=True)
     return row
 
 
-def _fold_job(args, work: str, spk: str) -> subprocess.Popen:
-    """A fold in its own process (one torch thread), for ``--jobs`` > 1."""
+def _runs(row: dict) -> list[dict]:
+    """A fold row's per-seed runs (rows written before ``--seeds`` hold one run, seed unknown)."""
+    if "runs" in row:
+        return list(row["runs"])
+    return [{"seed": row.get("seed"), "mmte": row["mmte"], "epochs": row.get("epochs"), "fit_s": row.get("fit_s")}]
+
+
+def _fold_row(spk: str, runs: list[dict], base: dict) -> dict:
+    """A fold's row: the baselines and its runs, ``mmte`` the mean over the runs (seeds)."""
+    runs = sorted(runs, key=lambda r: (r["seed"] is None, r["seed"] if r["seed"] is not None else 0))
+    keep = {k: base[k] for k in ("pooled_fbank_logreg", "small_cnn", "train_clips", "test_clips", "baselines_s") if k in base}
+    return {"speaker": spk, "mmte": float(np.mean([r["mmte"] for r in runs])), **keep, "epochs": runs[0].get("epochs"),
+            "fit_s": runs[0].get("fit_s"), "runs": runs}
+
+
+def _join_rows(rows: list[dict]) -> list[dict]:
+    """Rows of the same speaker (other seeds, or the same seed again: the later wins) -> one row per speaker."""
+    by: dict[str, tuple[dict, dict]] = {}
+    for r in rows:
+        base, runs = by.get(r["speaker"], (r, {}))
+        for run in _runs(r):
+            runs[run["seed"]] = run
+        by[r["speaker"]] = (base, runs)
+    return [_fold_row(spk, list(runs.values()), base) for spk, (base, runs) in by.items()]
+
+
+def _fold_job(args, work: str, spk: str, seed: int | None = None) -> subprocess.Popen:
+    """A fold (at one seed) in its own process (one torch thread), for ``--jobs`` > 1."""
+    tag = spk if seed is None else f"{spk}-seed{seed}"
     cmd = [sys.executable, os.fspath(Path(__file__).resolve()), "--family", "audio", "--fold", spk, "--epochs-scale", str(args.epochs_scale),
-           "--data", os.fspath(args.data), "--workdir", work, "--out", os.path.join(work, f"fold-{spk}.json"), "--mmte-args", args.mmte_args,
-           *(["--smoke"] if args.smoke else []), *(["--resume"] if args.resume else [])]
+           "--data", os.fspath(args.data), "--workdir", work, "--out", os.path.join(work, f"fold-{tag}.json"), "--mmte-args", args.mmte_args,
+           *(["--seeds", str(seed)] if seed is not None else []), *(["--smoke"] if args.smoke else []), *(["--resume"] if args.resume else [])]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MMTE_THREADS": "1"}
-    with open(os.path.join(work, f"fold-{spk}.log"), "w") as log:  # the child keeps its own descriptor
+    with open(os.path.join(work, f"fold-{tag}.log"), "w") as log:  # the child keeps its own descriptor
         return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 def _audio_summary(rows: list[dict]) -> dict:
     mean = {k: float(np.mean([r[k] for r in rows])) for k in ("mmte", "pooled_fbank_logreg", "small_cnn")}
-    return {"recipe": "recipes/fsdd_speakers.yaml", "folds": rows, "mean": mean,
+    seeds = sorted({run["seed"] for r in rows for run in _runs(r) if run["seed"] is not None})
+    per_seed = {str(s): float(np.mean([run["mmte"] for r in rows for run in _runs(r) if run["seed"] == s])) for s in seeds
+                if all(any(run["seed"] == s for run in _runs(r)) for r in rows)}  # only seeds every fold ran
+    return {"recipe": "recipes/fsdd_speakers.yaml", "folds": rows, "mean": mean, "mean_per_seed": per_seed,
             "above_baselines_every_fold": all(r["mmte"] > max(r["pooled_fbank_logreg"], r["small_cnn"]) for r in rows)}
 
 
 def _merge_folds(a: dict, b: dict) -> dict:
-    """Two audio results with folds run in separate processes -> one (a fold in both: ``b``'s)."""
-    rows = {r["speaker"]: r for r in a["folds"]}
-    rows.update({r["speaker"]: r for r in b["folds"]})
-    out = {**a, **_audio_summary(sorted(rows.values(), key=lambda r: r["speaker"]))}
+    """Two audio results with folds (or seeds) run in separate processes -> one (a fold's seed in both: ``b``'s)."""
+    rows = sorted(_join_rows([*a["folds"], *b["folds"]]), key=lambda r: r["speaker"])
+    out = {**a, **_audio_summary(rows)}
     cmds = [c for c in (a.get("command"), b.get("command")) if c]
     out["command"] = " ; ".join(dict.fromkeys(" ; ".join(cmds).split(" ; ")))
     out["seconds"] = max(a.get("seconds", 0), b.get("seconds", 0))
@@ -229,21 +263,24 @@ def run_audio(args, work: str) -> dict:
         folds = [s for s in speakers if s in args.fold]
     else:
         folds = speakers[: args.folds] if args.folds else speakers
-    if args.jobs > 1 and len(folds) > 1:
+    seeds = args.seeds or [None]
+    jobs = [(spk, seed) for spk in folds for seed in seeds]
+    if args.jobs > 1 and len(jobs) > 1:
         os.makedirs(work, exist_ok=True)
-        rows, pending = [], list(folds)
-        running: list[tuple[str, subprocess.Popen]] = []
+        rows, pending = [], list(jobs)
+        running: list[tuple[tuple[str, int | None], subprocess.Popen]] = []
         while pending or running:
             while pending and len(running) < args.jobs:
-                spk = pending.pop(0)
-                running.append((spk, _fold_job(args, work, spk)))
-            spk, proc = running.pop(0)
+                job = pending.pop(0)
+                running.append((job, _fold_job(args, work, *job)))
+            (spk, seed), proc = running.pop(0)
+            tag = spk if seed is None else f"{spk}-seed{seed}"
             if proc.wait() != 0:
-                raise SystemExit(f"audio fold {spk} failed (exit {proc.returncode}); its log: {os.path.join(work, f'fold-{spk}.log')}")
-            rows += json.loads(Path(work, f"fold-{spk}.json").read_text())["audio"]["folds"]
-        rows.sort(key=lambda r: folds.index(r["speaker"]))
+                raise SystemExit(f"audio fold {tag} failed (exit {proc.returncode}); its log: {os.path.join(work, f'fold-{tag}.log')}")
+            rows += json.loads(Path(work, f"fold-{tag}.json").read_text())["audio"]["folds"]
     else:
-        rows = [audio_fold(args, work, spk) for spk in folds]
+        rows = [audio_fold(args, work, spk, seed) for spk, seed in jobs]
+    rows = sorted(_join_rows(rows), key=lambda r: folds.index(r["speaker"]))
     return _audio_summary(rows)
 
 
@@ -358,17 +395,32 @@ def goals(results: dict) -> dict[str, bool]:
     return out
 
 
+def _md_row(cells: list[str]) -> str:
+    return "|" + "|".join(f" {c} " if c else " " for c in cells) + "|"
+
+
 def markdown(results: dict) -> str:
     out = []
     if "audio" in results:
         a = results["audio"]
+        multi = any(len(_runs(r)) > 1 for r in a["folds"])
+        seed_col = ["per seed"] if multi else []
+        head = ["held-out speaker", "mmte" + (" (mean over seeds)" if multi else ""), *seed_col, "pooled-fbank logistic regression",
+                "small CNN", "epochs", "fit s"]
         out += [f"### Audio: FSDD leave-one-speaker-out (`{a['recipe']}`), test accuracy on the unheard speaker", "", *_provenance(a),
-                "| held-out speaker | mmte | pooled-fbank logistic regression | small CNN | epochs | fit s |", "|---|---|---|---|---|---|"]
+                "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+        def seeds_cell(pairs):
+            return [", ".join(f"{v:.3f} (seed {k})" for k, v in pairs)] if multi else []
+
         for r in a["folds"]:
-            out.append(f"| {r['speaker']} | {r['mmte']:.3f} | {r['pooled_fbank_logreg']:.3f} | {r['small_cnn']:.3f} | {r.get('epochs', '')} | "
-                       f"{r.get('fit_s', '')} |")
+            cells = [r["speaker"], f"{r['mmte']:.3f}", *seeds_cell([(run["seed"], run["mmte"]) for run in _runs(r)]),
+                     f"{r['pooled_fbank_logreg']:.3f}", f"{r['small_cnn']:.3f}", str(r.get("epochs", "")), str(r.get("fit_s", ""))]
+            out.append(_md_row(cells))
         m = a["mean"]
-        out += [f"| **mean** | **{m['mmte']:.3f}** | {m['pooled_fbank_logreg']:.3f} | {m['small_cnn']:.3f} | | |", "",
+        cells = ["**mean**", f"**{m['mmte']:.3f}**", *seeds_cell(list(a.get("mean_per_seed", {}).items())), f"{m['pooled_fbank_logreg']:.3f}",
+                 f"{m['small_cnn']:.3f}", "", ""]
+        out += [_md_row(cells), "",
                 f"mmte above both baselines on every fold: {'yes' if a['above_baselines_every_fold'] else 'no'}.", ""]
     if "forecast" in results:
         f = results["forecast"]
@@ -423,7 +475,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated: audio,forecast,tabular (default: all three)")
     p.add_argument("--folds", type=int, default=0, help="audio: run only the first N speakers' folds (0: all five)")
     p.add_argument("--fold", nargs="+", default=None, help="audio: run only these speakers' folds")
-    p.add_argument("--jobs", type=int, default=1, help="audio: folds run at once, each in its own process with one torch thread")
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="audio: run every fold at each of these seeds (--seed_everything); the table gives each seed and their mean "
+                        "(default: the recipe's seed, one run a fold)")
+    p.add_argument("--jobs", type=int, default=1, help="audio: folds (and seeds) run at once, each in its own process with one torch thread")
     p.add_argument("--horizons", type=int, nargs="+", default=[96], help="forecast horizons (literature: 96 192 336 720)")
     p.add_argument("--epochs-scale", type=float, default=1.0, help="multiply the recipes' max_epochs (0.2: a quick check)")
     p.add_argument("--data", type=Path, default=DATA, help="the shared data folder (fsdd/, ett/, tabular/)")

@@ -103,3 +103,43 @@ def test_resume_goes_on_from_the_last_checkpoint(bench, tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="--resume needs --workdir"):
         bench.main(["--families", "tabular", "--resume"])
     assert bench.RESUME is False  # refused before any state is set
+
+
+def _seed_row(spk: str, seed, acc: float) -> dict:
+    return {"speaker": spk, "mmte": acc, "pooled_fbank_logreg": 0.5, "small_cnn": 0.4, "epochs": 30, "fit_s": 800,
+            "runs": [{"seed": seed, "mmte": acc, "epochs": 30, "fit_s": 800}]}
+
+
+def test_seeds_run_every_fold_and_join_into_a_mean_per_fold_and_per_seed(bench, tmp_path, monkeypatch):
+    """--seeds: each fold at each seed (the seed reaches mmte as --seed_everything), one row a fold with the
+    runs' mean; separate seed runs merge (the same fold and seed again: the later wins); old single-run rows join."""
+    calls = []
+    accs = {("george", 0): 0.856, ("george", 1): 0.730, ("jackson", 0): 0.834, ("jackson", 1): 0.826}
+
+    def fake_fold(args, work, spk, seed=None):
+        calls.append((spk, seed))
+        return _seed_row(spk, seed, accs[spk, seed])
+
+    monkeypatch.setattr(bench, "audio_fold", fake_fold)
+    out = tmp_path / "a.json"
+    assert bench.main(["--family", "audio", "--fold", "george", "jackson", "--seeds", "0", "1", "--out", str(out), "--workdir", str(tmp_path)]) == 0
+    assert calls == [("george", 0), ("george", 1), ("jackson", 0), ("jackson", 1)]
+    a = json.loads(out.read_text())["audio"]
+    assert [r["speaker"] for r in a["folds"]] == ["george", "jackson"]
+    assert a["folds"][0]["mmte"] == pytest.approx(0.793) and [r["seed"] for r in a["folds"][0]["runs"]] == [0, 1]
+    assert a["mean"]["mmte"] == pytest.approx((0.856 + 0.730 + 0.834 + 0.826) / 4)
+    assert a["mean_per_seed"] == pytest.approx({"0": 0.845, "1": 0.778})
+    md = bench.markdown({"audio": a})
+    assert "| george | 0.793 | 0.856 (seed 0), 0.730 (seed 1) | 0.500 | 0.400 | 30 | 800 |" in md
+    assert "| **mean** | **0.811** | 0.845 (seed 0), 0.778 (seed 1) | 0.500 | 0.400 | | |" in md
+    # a third seed run later on its own, george again at seed 1 (replaces), and an old row without runs
+    extra = tmp_path / "b.json"
+    extra.write_text(json.dumps({"audio": {"folds": [_seed_row("george", 2, 0.9), _seed_row("george", 1, 0.75),
+                                                     {"speaker": "theo", "mmte": 0.94, "pooled_fbank_logreg": 0.63, "small_cnn": 0.49}]}}))
+    merged = tmp_path / "m.json"
+    assert bench.main(["--merge", str(out), str(extra), "--out", str(merged)]) == 0
+    m = json.loads(merged.read_text())["audio"]
+    g = next(r for r in m["folds"] if r["speaker"] == "george")
+    assert [(r["seed"], r["mmte"]) for r in g["runs"]] == [(0, 0.856), (1, 0.75), (2, 0.9)] and g["mmte"] == pytest.approx((0.856 + 0.75 + 0.9) / 3)
+    assert [r["speaker"] for r in m["folds"]] == ["george", "jackson", "theo"]
+    assert m["mean_per_seed"] == {}  # no seed was run on every fold (theo's seed is unknown)
