@@ -830,7 +830,7 @@ class FolderDataModule(MMTEDataModule):
             m = rx.search(n)
             groups.setdefault(m.group(1) if m else f"file:{n}", []).append(p)
         out = {}
-        for g, ps in groups.items():
+        for ps in groups.values():
             fbs = torch.cat([self._fn(p).double() for p in ps], 0)
             mean, std = fbs.mean(0), fbs.std(0, unbiased=False).clamp_min(1e-5)
             out.update({p: (mean.float(), std.float()) for p in ps})

@@ -31,7 +31,7 @@ def _mix(value: Any, lam: float, perm: torch.Tensor, where: str) -> Any:
     if isinstance(value, Mapping):
         return {k: _mix(v, lam, perm, f"{where}.{k}") for k, v in value.items()}
     if not isinstance(value, torch.Tensor):
-        raise ValueError(f"mixup: input {where} is a {type(value).__name__}, not a tensor; mixup blends tensor inputs only")
+        raise TypeError(f"mixup: input {where} is a {type(value).__name__}, not a tensor; mixup blends tensor inputs only")
     if value.is_floating_point():
         return value * lam + value[perm] * (1.0 - lam)
     if value.dtype == torch.bool:

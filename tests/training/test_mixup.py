@@ -73,9 +73,8 @@ def test_mixup_step_on_the_speaker_recipe_matches_a_hand_mixed_batch(tmp_path):
     """The real recipe (FSDD speakers, conv stem, frozen trunk with LoRA; the tiny trunk keeps it quick):
     ``training_step`` under mixup equals the soft-label cross-entropy of the model on a batch mixed by hand
     with the same draw; then ``mmte fit --model.mixup 0.4`` trains three steps and writes its checkpoint."""
-    from tests.conftest import need_data
-
     from mmte.cli import MMTECLI
+    from tests.conftest import need_data
 
     data = str(need_data(FSDD, "FSDD recordings"))
     args = ["--config", str(ROOT / "recipes" / "fsdd_speakers.yaml"), "--config", str(ROOT / "configs" / "encoders" / "tiny.yaml"),
