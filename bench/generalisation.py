@@ -221,9 +221,14 @@ def _join_rows(rows: list[dict]) -> list[dict]:
     return [_fold_row(spk, list(runs.values()), base) for spk, (base, runs) in by.items()]
 
 
+def _tag(spk: str, seed: int | None) -> str:
+    """The name of a fold job's log and JSON files in the workdir."""
+    return spk if seed is None else f"{spk}-seed{seed}"
+
+
 def _fold_job(args, work: str, spk: str, seed: int | None = None) -> subprocess.Popen:
     """A fold (at one seed) in its own process (one torch thread), for ``--jobs`` > 1."""
-    tag = spk if seed is None else f"{spk}-seed{seed}"
+    tag = _tag(spk, seed)
     cmd = [sys.executable, os.fspath(Path(__file__).resolve()), "--family", "audio", "--fold", spk, "--epochs-scale", str(args.epochs_scale),
            "--data", os.fspath(args.data), "--workdir", work, "--out", os.path.join(work, f"fold-{tag}.json"), "--mmte-args", args.mmte_args,
            *(["--seeds", str(seed)] if seed is not None else []), *(["--smoke"] if args.smoke else []), *(["--resume"] if args.resume else [])]
@@ -273,8 +278,8 @@ def run_audio(args, work: str) -> dict:
             while pending and len(running) < args.jobs:
                 job = pending.pop(0)
                 running.append((job, _fold_job(args, work, *job)))
-            (spk, seed), proc = running.pop(0)
-            tag = spk if seed is None else f"{spk}-seed{seed}"
+            job, proc = running.pop(0)
+            tag = _tag(*job)
             if proc.wait() != 0:
                 raise SystemExit(f"audio fold {tag} failed (exit {proc.returncode}); its log: {os.path.join(work, f'fold-{tag}.log')}")
             rows += json.loads(Path(work, f"fold-{tag}.json").read_text())["audio"]["folds"]

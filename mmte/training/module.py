@@ -275,23 +275,21 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
 
     def _step(self, batch: Mapping[str, Any], stage: str) -> torch.Tensor:
         if stage == "train" and self.hparams.mixup:
-            return self._mixup_step(batch)
-        out = self.model(batch)
-        losses = self.model.loss(out, batch)
+            out, losses = self._mixup_forward(batch)
+        else:
+            out = self.model(batch)
+            losses = self.model.loss(out, batch)
         self._log_losses(losses, stage, batch_size(batch))
-        self._update_metrics(out, batch, stage)
+        self._update_metrics(out, batch, stage)  # mixup: against the dominant (unshuffled) item's target
         self._log_metrics(stage, batch_size(batch), heads=out)
         return losses["loss"]
 
-    def _mixup_step(self, batch: Mapping[str, Any]) -> torch.Tensor:
+    def _mixup_forward(self, batch: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """Outputs on the blended batch and the losses blended over the two targets (:mod:`mmte.training.mixup`)."""
         lam, perm = mixup.draw(self.hparams.mixup, batch_size(batch) or 0, self.device)
         out = self.model(mixup.mix_inputs(batch, list(self.tokenizer_cfg), lam, perm))
         targets = [h.target for h in self.model.heads.values() if h.target is not None]
-        losses = mixup.mixed_loss(self.model.loss, out, batch, targets, lam, perm)
-        self._log_losses(losses, "train", batch_size(batch))
-        self._update_metrics(out, batch, "train")  # against the dominant (unshuffled) item's target
-        self._log_metrics("train", batch_size(batch), heads=out)
-        return losses["loss"]
+        return out, mixup.mixed_loss(self.model.loss, out, batch, targets, lam, perm)
 
     def _log_losses(self, losses: Mapping[str, torch.Tensor], stage: str, bs: int | None) -> None:
         # evaluation is sharded over data-parallel ranks: its loss is averaged over them (training keeps each
