@@ -9,7 +9,9 @@ clips vary in the ways a new speaker or microphone differs, so the model has to 
   signal-to-noise ratio; and a vocal-tract-length perturbation (``vtlp``: the mel filterbank's
   frequencies warped by a random factor, moving the formants but not the pitch or the tempo; Jaitly &
   Hinton 2013), applied when :class:`AudioAugment` computes the fbank.
-* :class:`SpecAugment` on a log-mel fbank ``[T, F]``: frequency and time masks
+* :class:`SpecAugment` on a log-mel fbank ``[T, F]``: a tempo change (``tempo``: the frames
+  stretched or squeezed in time by a random factor, so the word is said faster or slower while pitch
+  and formants stay put, unlike ``speed``), then frequency and time masks
   (``torchaudio.transforms.FrequencyMasking`` / ``TimeMasking``; Park et al. 2019), filled with the
   clip's mean so a later per-utterance normalisation sees no artificial outliers.
 * :func:`utterance_cmvn`: per-utterance mean/variance normalisation of one fbank ``[T, F]`` (each
@@ -148,6 +150,9 @@ class SpecAugment:
             for ``k = 1..eq_bands`` with ``a_k ~ U(-1, 1) * eq_db / eq_bands`` dB, added to the log-mel
             fbank (a different microphone / room / voice colouring); 0: off.
         eq_bands: cosine terms of the equaliser curve (higher: wigglier curves).
+        tempo: ``[low, high]`` speaking-rate factor (e.g. ``[0.7, 1.4]``; 1.25: a quarter faster, so
+            ``T / 1.25`` frames), drawn log-uniformly; the frames are linearly interpolated in time,
+            before the equaliser and masks. None: off.
     """
 
     freq_masks: int = 2
@@ -157,6 +162,7 @@ class SpecAugment:
     time_ratio: float = 0.2
     eq_db: float = 0.0
     eq_bands: int = 3
+    tempo: list[float] | None = None
 
     def __post_init__(self):
         for f in ("freq_masks", "freq_width", "time_masks", "time_width", "eq_bands"):
@@ -167,11 +173,26 @@ class SpecAugment:
             raise ValueError(f"SpecAugment time_ratio must be in (0, 1]; got {self.time_ratio!r}")
         if float(self.eq_db) < 0:
             raise ValueError(f"SpecAugment eq_db must be >= 0; got {self.eq_db!r}")
+        self._tempo = _range(self.tempo, "tempo", 0.25, hi=4.0)
         self._freq = self._time = None
 
     @property
     def active(self) -> bool:
-        return (self.freq_masks > 0 and self.freq_width > 0) or (self.time_masks > 0 and self.time_width > 0) or (self.eq_db > 0 and self.eq_bands > 0)
+        return ((self.freq_masks > 0 and self.freq_width > 0) or (self.time_masks > 0 and self.time_width > 0)
+                or (self.eq_db > 0 and self.eq_bands > 0) or self._tempo is not None)
+
+    def stretch(self, fbank: torch.Tensor) -> torch.Tensor:
+        """``[T, F]`` -> ``[round(T / r), F]`` for a tempo factor ``r`` drawn log-uniformly from
+        ``tempo`` (the fbank unchanged, and no random number drawn, when ``tempo`` is off)."""
+        if self._tempo is None:
+            return fbank
+        lo, hi = self._tempo
+        r = math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * float(torch.rand(())))
+        t = fbank.shape[0]
+        n = max(1, round(t / r))
+        if t < 2 or n == t:
+            return fbank
+        return torch.nn.functional.interpolate(fbank.t()[None], size=n, mode="linear", align_corners=True)[0].t().contiguous()
 
     def __call__(self, fbank: torch.Tensor) -> torch.Tensor:
         """``[T, F]`` -> ``[T, F]`` with masked bands set to the clip's mean."""
@@ -181,6 +202,7 @@ class SpecAugment:
             raise ValueError(f"SpecAugment expects an fbank [T, F]; got shape {tuple(fbank.shape)}")
         if not self.active:
             return fbank
+        fbank = self.stretch(fbank)
         if self.eq_db > 0 and self.eq_bands > 0:
             f = fbank.shape[1]
             k = torch.arange(1, self.eq_bands + 1, dtype=fbank.dtype)

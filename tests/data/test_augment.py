@@ -89,6 +89,34 @@ def test_equaliser_is_a_smooth_per_bin_gain():
     assert float(coef.abs().max()) <= 4.0 + 1e-4  # |a_k| <= eq_db / eq_bands
 
 
+def test_tempo_stretches_frames_in_time_only():
+    import numpy as np
+
+    torch.manual_seed(0)
+    fb = torch.randn(60, 16)
+    aug = SpecAugment(freq_masks=0, time_masks=0, tempo=[0.7, 1.4])
+    lengths = set()
+    for _ in range(40):
+        out = aug(fb)
+        n = out.shape[0]
+        lengths.add(n)
+        assert out.shape[1] == 16 and round(60 / 1.4) <= n <= round(60 / 0.7)
+        # independent: per mel bin, numpy's linear interpolation of the frames at n evenly spaced times
+        pos = np.linspace(0, 59, n)
+        ref = np.stack([np.interp(pos, np.arange(60), fb[:, f].numpy()) for f in range(16)], 1)
+        torch.testing.assert_close(out, torch.from_numpy(ref).float(), rtol=0, atol=1e-4)
+    assert min(lengths) < 50 and max(lengths) > 72  # both slower and faster draws over 40 clips
+    # a steady sound keeps its spectrum (no pitch or formant change), only its duration moves
+    steady = torch.linspace(-2, 2, 16).expand(60, 16)
+    out = aug(steady)
+    torch.testing.assert_close(out, steady[:1].expand(out.shape[0], 16), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match=r"augment tempo must be a \[low, high\] range .*got \[1.2, 0.8\]"):
+        SpecAugment(tempo=[1.2, 0.8])
+    with pytest.raises(ValueError, match=r"augment tempo must lie in \[0.25, 4.0\]; got \[0.5, 5\]"):
+        SpecAugment(tempo=[0.5, 5])
+    assert SpecAugment(freq_masks=0, time_masks=0).stretch(fb) is fb  # off: nothing drawn, nothing changed
+
+
 def test_utterance_cmvn():
     fb = torch.randn(40, 16) * torch.linspace(0.5, 3, 16) + torch.linspace(-4, 4, 16)
     out = utterance_cmvn(fb)
