@@ -16,15 +16,25 @@ import torch
 __all__ = ["draw", "mix_inputs", "mixed_loss"]
 
 
-def draw(alpha: float, batch_size: int, device: torch.device | str | None = None) -> tuple[float, torch.Tensor]:
+def draw(alpha: float, batch_size: int, device: torch.device | str | None = None, group: Any = None) -> tuple[float, torch.Tensor]:
     """``(lam, perm)``: the blend weight ``lam ~ Beta(alpha, alpha)`` folded to ``>= 0.5`` (so the
     unshuffled item dominates and training accuracy stays meaningful) and a random permutation of the batch,
-    both from torch's global RNG."""
+    both from torch's global RNG.
+
+    ``group``: a process group whose ranks hold the same batch (tensor parallel peers); its first rank's draw
+    is broadcast to the others, so every shard of the model blends the same items even where the ranks' RNGs
+    have drifted apart. None (or a group of one): this process's own draw.
+    """
     if not alpha > 0:
         raise ValueError(f"mixup alpha must be > 0; got {alpha!r}")
     a = torch.tensor(float(alpha))
     lam = float(torch.distributions.Beta(a, a).sample())
-    return max(lam, 1.0 - lam), torch.randperm(batch_size, device=device)
+    lam, perm = max(lam, 1.0 - lam), torch.randperm(batch_size, device=device)
+    if group is not None and torch.distributed.get_world_size(group) > 1:
+        buf = torch.cat([torch.tensor([lam], dtype=torch.float64, device=perm.device), perm.double()])
+        torch.distributed.broadcast(buf, src=torch.distributed.get_global_rank(group, 0), group=group)
+        lam, perm = float(buf[0]), buf[1:].long()
+    return lam, perm
 
 
 def _mix(value: Any, lam: float, perm: torch.Tensor, where: str) -> Any:

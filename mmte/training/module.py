@@ -286,7 +286,9 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
 
     def _mixup_forward(self, batch: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """Outputs on the blended batch and the losses blended over the two targets (:mod:`mmte.training.mixup`)."""
-        lam, perm = mixup.draw(self.hparams.mixup, batch_size(batch) or 0, self.device)
+        mesh = getattr(self, "_device_mesh", None)  # tensor parallel peers hold one batch: they blend it alike
+        group = mesh["tp"].get_group() if mesh is not None and mesh["tp"].size() > 1 else None
+        lam, perm = mixup.draw(self.hparams.mixup, batch_size(batch) or 0, self.device, group)
         out = self.model(mixup.mix_inputs(batch, list(self.tokenizer_cfg), lam, perm))
         targets = [h.target for h in self.model.heads.values() if h.target is not None]
         return out, mixup.mixed_loss(self.model.loss, out, batch, targets, lam, perm)

@@ -71,6 +71,15 @@ class StopAfterEpoch(Callback):
             trainer.should_stop = True
 
 
+class DesyncRNG(Callback):
+    """Rank r > 0 draws r extra numbers from torch's global RNG before every training step, so the ranks'
+    RNG streams differ from the first step on (what a rank-dependent random op would do)."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_rank > 0:
+            torch.rand(trainer.global_rank)
+
+
 def _pop(args: list[str], flag: str) -> str | None:
     if flag in args:
         i = args.index(flag)
@@ -85,9 +94,10 @@ def run(args: list[str]) -> dict:
 
     args = list(args)
     command = args.pop(0) if args and args[0] in ("fit", "predict") else "fit"
-    ckpt, stop = _pop(args, "--ckpt_path"), _pop(args, "--stop_after_epoch")
+    ckpt, stop, desync = _pop(args, "--ckpt_path"), _pop(args, "--stop_after_epoch"), _pop(args, "--desync_rng")
     cb = StepLosses()
     callbacks = [LearningRateMonitor(logging_interval="step"), cb] + ([StopAfterEpoch(int(stop))] if stop else [])
+    callbacks += [DesyncRNG()] if desync == "true" else []
     cli = _cli_class()(args=args, run=False, trainer_defaults={"callbacks": callbacks})
     if cli.trainer.world_size == 1:  # as mmte's CLI does: a distributed checkpoint folder is consolidated first
         ckpt = single_process_checkpoint(ckpt, cli.trainer.default_root_dir)
