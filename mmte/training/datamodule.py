@@ -525,7 +525,7 @@ class FolderDataModule(MMTEDataModule):
         min_frames: audio only: pad fbanks shorter than this (one patch) by repeating the last frame.
         max_frames: audio only: longest clip in frames (10 ms each); longer clips are cropped as crop says, and how many is logged once per split (None: no limit).
         crop: audio only: which max_frames frames of a long clip are kept: ``start``, ``center``, or ``random`` (a random window in training, the centre one in evaluation).
-        augment: audio only: training-split augmentation (mmte.data.augment), e.g. ``{speed: [0.9, 1.1], shift: 0.1, gain_db: 6, noise_snr_db: [10, 40], freq_masks: 2, freq_width: 8, time_masks: 2, time_width: 10, vtlp: [0.9, 1.1]}``; None: off.
+        augment: audio only: training-split augmentation (mmte.data.augment), e.g. ``{speed: [0.9, 1.1], shift: 0.1, gain_db: 6, noise_snr_db: [10, 40], freq_masks: 2, freq_width: 8, time_masks: 2, time_width: 10, vtlp: [0.9, 1.1], tempo: [0.8, 1.25]}``; None: off.
         group_norm: audio only, with group_regex: standardise every clip per mel bin by the mean and std of all the
             clips of its group (the speaker) in the same split, measured on the unaugmented fbanks (per-speaker
             CMVN, as speaker-independent speech recognisers do): the speaker's microphone and voice colouring
