@@ -286,7 +286,7 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
 
     def _mixup_forward(self, batch: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """Outputs on the blended batch and the losses blended over the two targets (:mod:`mmte.training.mixup`)."""
-        mesh = getattr(self, "_device_mesh", None)  # tensor parallel peers hold one batch: they blend it alike
+        mesh = self.device_mesh  # tensor parallel peers hold one batch: they blend it alike
         group = mesh["tp"].get_group() if mesh is not None and mesh["tp"].size() > 1 else None
         lam, perm = mixup.draw(self.hparams.mixup, batch_size(batch) or 0, self.device, group)
         out = self.model(mixup.mix_inputs(batch, list(self.tokenizer_cfg), lam, perm))
