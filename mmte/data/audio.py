@@ -5,6 +5,12 @@ the Audio Spectrogram Transformer's settings: 128 mel bins, 25 ms Hanning window
 mel scale, no energy term, no dither, the waveform's mean removed first; then normalised as
 ``(fbank - mean) / (2 * std)`` with AudioSet's statistics (-4.2677, 4.5690) unless told otherwise.
 Files are read with ``soundfile`` (``torchaudio.load`` needs FFmpeg libraries).
+
+``frontend: speech_embedding`` computes instead the log-mel that Google's pretrained speech embedding
+(:mod:`mmte.tokenizers.speech_embedding`) was trained on: 16 kHz, 400-sample periodic Hann windows in
+a 512-point FFT every 160 samples (no edge padding), the power spectrum on a 16-bit PCM scale, 32
+Slaney mel bands from 60 to 3800 Hz (so 8 kHz telephone-band recordings lose nothing), in dB, floored
+80 dB below the clip's loudest value, then ``dB / 10 + 2``. It has its own fixed scale: no mean/std.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from .collate import pad_stack
 __all__ = [
     "AUDIOSET_MEAN",
     "AUDIOSET_STD",
+    "FRONTENDS",
     "check_waveform",
     "collate_audio",
     "compute_fbank",
@@ -31,11 +38,15 @@ __all__ = [
     "load_audio",
     "pad_or_crop",
     "preprocess_audio",
+    "speech_mel",
+    "speech_scale",
     "trim_silence",
 ]
 
 AUDIOSET_MEAN = -4.2677393
 AUDIOSET_STD = 4.5689974
+FRONTENDS = ("kaldi", "speech_embedding")
+SPEECH_RATE, SPEECH_BINS = 16000, 32  # the speech-embedding front end's sample rate and mel bands
 
 
 def load_audio(path: str | os.PathLike) -> tuple[torch.Tensor, int]:
@@ -106,6 +117,8 @@ def compute_fbank(
     std: float | None = AUDIOSET_STD,
     trim_db: float | None = None,
     vtln_warp: float = 1.0,
+    frontend: str = "kaldi",
+    scaled: bool = True,
 ) -> torch.Tensor:
     """Waveform ``[T]`` -> log-mel fbank ``[frames, num_mel_bins]`` at ``target_rate``.
 
@@ -115,9 +128,16 @@ def compute_fbank(
     mel filterbank (Kaldi's piecewise-linear VTLN warp between 100 Hz and 500 Hz below Nyquist; 1.0:
     none), as a vocal-tract-length perturbation draws per training clip
     (:class:`mmte.data.augment.WaveformAugment`'s ``vtlp``).
+
+    ``frontend: speech_embedding``: the pretrained speech embedding's log-mel (:func:`speech_mel`;
+    ``target_rate`` must be 16000 and ``num_mel_bins`` 32, the frame settings and ``mean``/``std`` are
+    its own); ``scaled=False`` returns it before :func:`speech_scale` (the natural-log power that
+    augmentation works on).
     """
     import torchaudio
 
+    if frontend not in FRONTENDS:
+        raise ValueError(f"audio frontend must be one of {FRONTENDS}; got {frontend!r}")
     w = check_waveform(waveform)
     if not isinstance(sample_rate, int) or sample_rate <= 0:
         raise ValueError(f"sample_rate must be a positive int; got {sample_rate!r}")
@@ -125,6 +145,12 @@ def compute_fbank(
         w = trim_silence(w, sample_rate, trim_db, frame_length, frame_shift)
     if not isinstance(vtln_warp, (int, float)) or not 0.5 <= float(vtln_warp) <= 2.0:
         raise ValueError(f"vtln_warp must be a number in [0.5, 2.0] (1.0: no warp); got {vtln_warp!r}")
+    if frontend == "speech_embedding":
+        _check_speech_options(target_rate, num_mel_bins, frame_length, frame_shift, mean, std, vtln_warp)
+        if sample_rate != target_rate:
+            w = torchaudio.functional.resample(w, sample_rate, target_rate)
+        mel = speech_mel(w)
+        return speech_scale(mel) if scaled else mel
     if sample_rate != target_rate:
         w = torchaudio.functional.resample(w, sample_rate, target_rate)
     min_len = int(target_rate * frame_length / 1000)
@@ -145,6 +171,43 @@ def compute_fbank(
     if mean is not None and std is not None:
         fb = (fb - mean) / (2 * std)
     return fb
+
+
+def _check_speech_options(target_rate, num_mel_bins, frame_length, frame_shift, mean, std, vtln_warp) -> None:
+    got = {"target_rate": target_rate, "num_mel_bins": num_mel_bins, "frame_length": frame_length, "frame_shift": frame_shift}
+    want = {"target_rate": SPEECH_RATE, "num_mel_bins": SPEECH_BINS, "frame_length": 25.0, "frame_shift": 10.0}
+    bad = {k: v for k, v in got.items() if v != want[k]}
+    if bad:
+        raise ValueError(f"frontend speech_embedding is fixed at {want} (what the pretrained network was trained on); got {bad}")
+    if (mean, std) not in ((AUDIOSET_MEAN, AUDIOSET_STD), (None, None)):
+        raise ValueError(f"frontend speech_embedding has its own fixed scale (dB / 10 + 2); mean/std must be left unset; got {mean}, {std}")
+    if float(vtln_warp) != 1.0:
+        raise ValueError(f"frontend speech_embedding does not warp its mel bands (vtln_warp / augment vtlp); got {vtln_warp}")
+
+
+def speech_mel(waveform: torch.Tensor) -> torch.Tensor:
+    """A 16 kHz waveform ``[S]`` in [-1, 1] -> natural-log mel power ``[frames, 32]`` on a 16-bit PCM scale:
+    the speech embedding's spectrogram before :func:`speech_scale` (``frames = 1 + (S - 512) // 160``).
+
+    Raises:
+        ValueError: shorter than one 512-sample FFT window.
+    """
+    import torchaudio
+
+    w = check_waveform(waveform) * 32768.0
+    if w.shape[0] < 512:
+        raise ValueError(f"waveform has {w.shape[0]} samples at 16 kHz; the speech_embedding front end needs at least 512 (32 ms)")
+    spec = torch.stft(w, n_fft=512, hop_length=160, win_length=400, window=torch.hann_window(400), center=False, return_complex=True)
+    power = spec.abs().square().T  # [frames, 257]
+    bank = torchaudio.functional.melscale_fbanks(257, 60.0, 3800.0, SPEECH_BINS, SPEECH_RATE, norm="slaney", mel_scale="slaney")
+    return (power @ bank).clamp_min(1e-10).log()
+
+
+def speech_scale(mel: torch.Tensor, top_db: float = 80.0) -> torch.Tensor:
+    """Natural-log mel power ``[frames, F]`` (:func:`speech_mel`) -> the speech embedding's input scale:
+    dB floored ``top_db`` below the clip's loudest value, then ``dB / 10 + 2``."""
+    db = mel * (10.0 / math.log(10.0))
+    return torch.maximum(db, db.max() - top_db) / 10.0 + 2.0
 
 
 def pad_or_crop(fbank: torch.Tensor, min_frames: int | None = None, max_frames: int | None = None, value: float = 0.0) -> torch.Tensor:

@@ -11,6 +11,15 @@ grid is ``F' = (F - pf) // sf + 1`` by ``T' = (T - pt) // st + 1``. A patch span
 channels x remaining mel bins: one token per 4 frames (receptive field 7 frames), ``F' = 1``. Its
 locality bias helps when there is little data to learn patches from.
 
+``stem: speech_embedding`` puts Google's pretrained speech embedding
+(:mod:`mmte.tokenizers.speech_embedding`, fixed weights) in front of a Linear: its 32-band log-mel
+(``frontend: speech_embedding`` in the preprocessing) becomes one 96-d vector every 8 frames (80 ms), each
+seeing 76 frames (0.76 s) centred on it; the clip is extended by 38 frames of its own quietest level on
+each side (and over batch padding), so every real frame is the centre of some window and a padded clip's
+tokens equal its unpadded ones. Token ``t`` is real when its centre ``8 t`` lies in the clip. What it
+brings is what a few training speakers cannot teach: how words sound in many voices (FSDD
+leave-one-speaker-out: see BENCHMARKS.md).
+
 Optionally (``normalize: utterance``) each clip is first standardised per mel bin by its own mean
 and standard deviation over its real frames (per-utterance mean/variance normalisation, CMVN): a
 speaker's or microphone's fixed spectral colouring is removed, which is what lets a model trained on
@@ -31,6 +40,7 @@ from torch import nn
 from ..data.audio import collate_audio, example_audio, preprocess_audio
 from .base import ModalityTokenizer, TokenSeq, prepend_cls
 from .registry import register_modality
+from .speech_embedding import HOP, WIDTH, WINDOW, SpeechEmbedding
 
 __all__ = ["AudioTokenizer", "utterance_norm"]
 
@@ -71,6 +81,21 @@ def utterance_norm(fbank: torch.Tensor, frames: torch.Tensor | None = None, per_
     return (fbank - mean) / (var + eps).sqrt() * m
 
 
+def _with_context(fbank: torch.Tensor, frames: torch.Tensor | None) -> torch.Tensor:
+    """``[B, T, F]`` -> ``[B, 38 + T + 37, F]``: each clip's padding and the context either side set to
+    its quietest value over its real frames (what the speech embedding sees around a word); the
+    network then gives ``(T - 1) // 8 + 1`` vectors, vector ``t`` centred on frame ``8 t``."""
+    b, t, _ = fbank.shape
+    x = fbank.float()
+    if frames is None:
+        real = torch.ones(b, t, 1, dtype=torch.bool, device=x.device)
+    else:
+        real = (torch.arange(t, device=x.device)[None] < frames.to(x.device)[:, None])[..., None]
+    floor = x.masked_fill(~real, float("inf")).amin((1, 2), keepdim=True)
+    x = torch.where(real, x, floor)
+    return torch.cat([floor.expand(b, WINDOW // 2, x.shape[2]), x, floor.expand(b, WINDOW // 2 - 1, x.shape[2])], 1)
+
+
 @register_modality(
     "audio",
     preprocess=preprocess_audio,
@@ -97,9 +122,13 @@ class AudioTokenizer(ModalityTokenizer):
         normalize: ``None``, ``"utterance"`` (per-utterance, per-mel-bin mean/variance normalisation
             over the clip's real frames, applied to every input) or ``"level"`` (the clip's single
             mean/std over all bins: loudness removed, spectral shape kept).
-        stem: ``"patch"`` (a patch projection, AST) or ``"conv"`` (2x conv3x3-stride-2 subsampling;
-            ``patch_size``/``stride`` are then unused).
+        stem: ``"patch"`` (a patch projection, AST), ``"conv"`` (2x conv3x3-stride-2 subsampling;
+            ``patch_size``/``stride`` are then unused) or ``"speech_embedding"`` (Google's pretrained
+            speech embedding, fixed; needs ``num_mel_bins: 32``, no ``normalize``, and the data's
+            ``preprocess: {frontend: speech_embedding}``).
         stem_channels: channels of the conv stem.
+        stem_weights: the speech-embedding stem's weights: ``"openwakeword"`` (the openwakeword 0.4.0
+            package's ``embedding_model.onnx``), a path to that file, or None (random, fixed: tests).
     """
 
     modality = "audio"
@@ -118,6 +147,7 @@ class AudioTokenizer(ModalityTokenizer):
         normalize: str | None = None,
         stem: str = "patch",
         stem_channels: int = 64,
+        stem_weights: str | None = "openwakeword",
         *,
         params_dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
@@ -130,8 +160,11 @@ class AudioTokenizer(ModalityTokenizer):
             )
         if normalize not in (None, "utterance", "level"):
             raise ValueError(f"audio tokenizer normalize must be None, 'utterance' or 'level'; got {normalize!r}")
-        if stem not in ("patch", "conv"):
-            raise ValueError(f"audio tokenizer stem must be 'patch' or 'conv'; got {stem!r}")
+        if stem not in ("patch", "conv", "speech_embedding"):
+            raise ValueError(f"audio tokenizer stem must be 'patch', 'conv' or 'speech_embedding'; got {stem!r}")
+        if stem == "speech_embedding" and (num_mel_bins != 32 or normalize is not None):
+            raise ValueError("the speech_embedding stem takes the 32-band log-mel of preprocess frontend: speech_embedding as "
+                             f"it is: num_mel_bins must be 32 and normalize None; got {num_mel_bins}, {normalize!r}")
         kw = {"device": device, "dtype": params_dtype}
         self.stem_kind = stem
         if stem == "conv":
@@ -144,6 +177,11 @@ class AudioTokenizer(ModalityTokenizer):
             )
             self.proj = nn.Linear(stem_channels * f_out, dim, **kw)
             self.freq_grid, self.max_time_grid = 1, _grid(_grid(max_frames, 3, 2), 3, 2)
+        elif stem == "speech_embedding":
+            pf, pt, sf, st = num_mel_bins, 1, num_mel_bins, HOP  # token t: the window centred on frame 8 t
+            self.stem = SpeechEmbedding(stem_weights, device=device)
+            self.proj = nn.Linear(WIDTH, dim, **kw)
+            self.freq_grid, self.max_time_grid = 1, _grid(max_frames, pt, st)
         else:
             self.stem = None
             self.proj = nn.Conv2d(1, dim, (pf, pt), (sf, st), **kw)
@@ -151,6 +189,7 @@ class AudioTokenizer(ModalityTokenizer):
         self.num_mel_bins, self.max_frames, self.patch_size, self.stride = num_mel_bins, max_frames, patch_size, stride
         self.patch_time, self.stride_time, self.normalize = pt, st, normalize
         self.sample_rate, self.fbank_mean, self.fbank_std = sample_rate, fbank_mean, fbank_std
+        self.frontend = "speech_embedding" if stem == "speech_embedding" else "kaldi"
         self.cls_token = nn.Parameter(torch.empty(1, 1, dim, **kw)) if cls_token else None
         self.num_prefix_tokens = int(cls_token)
         # [1, T'max, F', D] so that time can be sliced
@@ -161,7 +200,9 @@ class AudioTokenizer(ModalityTokenizer):
 
     def reset_parameters(self) -> None:
         self.proj.reset_parameters()
-        if self.stem is not None:
+        if isinstance(self.stem, SpeechEmbedding):
+            self.stem.reset_parameters()
+        elif self.stem is not None:
             for m in self.stem:
                 if isinstance(m, nn.Conv2d):
                     m.reset_parameters()
@@ -172,7 +213,9 @@ class AudioTokenizer(ModalityTokenizer):
 
     def num_tokens(self, frames: int) -> int:
         """Token count of a clip: ``cls + ((F - pf) // sf + 1) * ((frames - pt) // st + 1)`` (conv stem:
-        ``cls + ((frames - 3) // 2 - 2) // 2 + 1``)."""
+        ``cls + ((frames - 3) // 2 - 2) // 2 + 1``; speech embedding: ``cls + (frames - 1) // 8 + 1``)."""
+        if self.frontend == "speech_embedding":
+            return self.num_prefix_tokens + _grid(frames, 1, HOP)
         if self.stem is not None:
             return self.num_prefix_tokens + _grid(_grid(frames, 3, 2), 3, 2)
         return self.num_prefix_tokens + self.freq_grid * _grid(frames, self.patch_time, self.stride_time)
@@ -185,8 +228,9 @@ class AudioTokenizer(ModalityTokenizer):
             raise ValueError(f"audio tokenizer expects a waveform [B, S] or fbank [B, T, F={self.num_mel_bins}]; got shape {tuple(waveform.shape)}")
         sr = sample_rate or self.sample_rate
         n = lengths.tolist() if lengths is not None else [waveform.shape[1]] * waveform.shape[0]
+        norm = {"mean": self.fbank_mean, "std": self.fbank_std} if self.frontend == "kaldi" else {"mean": None, "std": None}
         fbs = [
-            compute_fbank(w[: int(k)].float().cpu(), sr, self.sample_rate, self.num_mel_bins, mean=self.fbank_mean, std=self.fbank_std)
+            compute_fbank(w[: int(k)].float().cpu(), sr, self.sample_rate, self.num_mel_bins, frontend=self.frontend, **norm)
             for w, k in zip(waveform, n)
         ]
         out = collate_audio(fbs)
@@ -227,7 +271,9 @@ class AudioTokenizer(ModalityTokenizer):
         if self.normalize is not None:
             fbank = utterance_norm(fbank.float(), frames, per_bin=self.normalize == "utterance")
         img = fbank.transpose(1, 2).unsqueeze(1).to(self.proj.weight.dtype)  # [B, 1, F, T]
-        if self.stem is None:
+        if self.frontend == "speech_embedding":
+            x = self.proj(self.stem(_with_context(fbank, frames)))[:, :, None]  # [B, T', 1, D]
+        elif self.stem is None:
             x = self.proj(img).permute(0, 3, 2, 1)  # [B, D, F', T'] -> [B, T', F', D]  time-major
         else:
             h = self.stem(img)  # [B, C, F'', T']

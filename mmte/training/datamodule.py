@@ -579,6 +579,9 @@ class FolderDataModule(MMTEDataModule):
             raise ValueError(f"crop must be one of {CROPS}; got {crop!r}")
         if normalize not in ("fixed", "train"):
             raise ValueError(f"normalize must be 'fixed' or 'train'; got {normalize!r}")
+        if normalize == "train" and (preprocess or {}).get("frontend") == "speech_embedding":
+            raise ValueError("normalize 'train' fits a mean/std to the fbanks, but preprocess frontend speech_embedding has its "
+                             "own fixed scale (the pretrained network's input): use normalize 'fixed'")
         if normalize == "train" and modality != "audio":
             raise ValueError(f"normalize: train is for audio; modality is {modality!r}")
         if max_frames is not None and (not isinstance(max_frames, int) or max_frames < 1):
@@ -761,6 +764,13 @@ class FolderDataModule(MMTEDataModule):
         self._fn = _preprocess_fn(self.modality, opts, self.min_frames)
         self.datasets.clear()
 
+    @property
+    def model_info(self) -> dict[str, Any]:
+        info = dict(super().model_info)
+        if self.modality == "audio":  # the audio tokenizer's stem must read this spectrogram
+            info["audio_frontend"] = self.preprocess.get("frontend", "kaldi")
+        return info
+
     # ---------------------------------------------------------------------------------- build
     def collates_for(self, split: str) -> dict[str, Callable]:
         base = get_modality(self.modality).collate_fn
@@ -848,6 +858,8 @@ class FolderDataModule(MMTEDataModule):
 
         rate = int(self.preprocess.get("target_rate", 16000))
         fl, fs = float(self.preprocess.get("frame_length", 25.0)), float(self.preprocess.get("frame_shift", 10.0))
+        if self.preprocess.get("frontend") == "speech_embedding":
+            fl = 32.0  # a 512-point FFT window
         frames = []
         for p in paths:
             info = sf.info(p)

@@ -104,6 +104,7 @@ def apply_data_info(tokenizers: Mapping[str, Any], heads: Mapping[str, Any], inf
         if isinstance(toks[key], dict):
             for o, v in opts.items():
                 fill(toks[key], o, v, f"model.tokenizers.{key}")
+    _check_audio_frontend(toks, info.get("audio_frontend"))
     for name, h in hds.items():
         if not isinstance(h, dict):
             continue
@@ -121,6 +122,21 @@ def apply_data_info(tokenizers: Mapping[str, Any], heads: Mapping[str, Any], inf
                 else:
                     h.pop("num_patches", None)
     return toks, hds
+
+
+def _check_audio_frontend(toks: Mapping[str, Any], frontend: str | None) -> None:
+    """The audio tokenizer's stem reads the spectrogram the data computes: the speech-embedding stem its own
+    log-mel (``preprocess: {frontend: speech_embedding}``), the others Kaldi's fbank."""
+    cfg = toks.get("audio")
+    if frontend is None or cfg is None:
+        return
+    cfg = {"name": cfg} if isinstance(cfg, str) else cfg
+    if not isinstance(cfg, Mapping) or cfg.get("name", "audio") != "audio":
+        return
+    want = "speech_embedding" if cfg.get("stem") == "speech_embedding" else "kaldi"
+    if frontend != want:
+        raise ValueError(f"model.tokenizers.audio has stem {cfg.get('stem', 'patch')!r}, which reads the {want!r} spectrogram, but the "
+                         f"data's preprocess frontend is {frontend!r}; set data preprocess frontend: {want} (or change the stem)")
 
 
 def _num_patches(toks: Mapping[str, Any], head: Mapping[str, Any], length: int) -> int:

