@@ -14,8 +14,8 @@ locality bias helps when there is little data to learn patches from.
 ``stem: speech_embedding`` puts Google's pretrained speech embedding
 (:mod:`mmte.tokenizers.speech_embedding`, fixed weights) in front of a Linear: its 32-band log-mel
 (``frontend: speech_embedding`` in the preprocessing) becomes one 96-d vector every 8 frames (80 ms), each
-seeing 76 frames (0.76 s) centred on it; the clip is extended by 38 frames of its own quietest level on
-each side (and over batch padding), so every real frame is the centre of some window and a padded clip's
+seeing 76 frames (about 0.78 s) centred on it; the clip is extended by its own quietest level, 38 frames before
+and 37 after (and over batch padding), so every real frame is the centre of some window and a padded clip's
 tokens equal its unpadded ones. Token ``t`` is real when its centre ``8 t`` lies in the clip. What it
 brings is what a few training speakers cannot teach: how words sound in many voices (FSDD
 leave-one-speaker-out: see BENCHMARKS.md).

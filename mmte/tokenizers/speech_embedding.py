@@ -4,14 +4,15 @@ synthesized speech data"), as a fixed feature extractor for the audio tokenizer 
 The network is 20 small convolutions over the 32-band log-mel of :func:`mmte.data.audio.speech_mel`
 (``frontend: speech_embedding``), trained by Google on a large keyword-spotting corpus of many speakers:
 what a handful of training speakers cannot teach (how a word sounds in any voice) comes with it. It
-maps 76 frames (0.775 s) to one 96-d vector, and being fully convolutional over time it gives one
+maps 76 frames (about 0.78 s) to one 96-d vector, and being fully convolutional over time it gives one
 vector every 8 frames (80 ms) of a longer input.
 
 Layout (time x frequency, NCHW): the 32 bands are zero-padded to 34; a 3x3 convolution (24 channels,
-no bias) with ReLU and a batch norm; then blocks of a (1, 3) convolution (frequency, padded) and a
-(3, 1) convolution (time, valid), each followed by LeakyReLU(0.2) and a floor at -0.4, with max pooling
-after every second pair: (2, 2), (1, 2), (2, 2), (1, 2), (2, 2) (channels 24, 48, 72, 96, 96); a last
-(3, 1) convolution without bias or activation. Batch norms are folded into fixed scales and shifts.
+no bias), ReLU and a batch norm (folded into a fixed scale and shift); then pairs of a (1, 3)
+convolution (frequency, padded) and a (3, 1) convolution (time, valid), each convolution followed by
+LeakyReLU(0.2) and a floor at -0.4: one pair at 24 channels, then two pairs at each of 48, 72, 96 and 96
+channels, with a max pool after each group, (2, 2), (1, 2), (2, 2), (1, 2), (2, 2) (time, frequency);
+a last (3, 1) convolution without bias or activation gives the 96-d vector.
 
 The weights are read from the ONNX file that the ``openwakeword`` 0.4.0 wheel ships
 (``openwakeword/resources/models/embedding_model.onnx``, Apache-2.0; ``pip install 'mmte[speech]'``),
@@ -116,7 +117,7 @@ class SpeechEmbedding(nn.Module):
 
     Args:
         weights: ``"openwakeword"`` (the installed package's file), a path to ``embedding_model.onnx``,
-            or None (random weights of the same shapes: for tests and training from scratch).
+            or None (random, fixed weights of the same shapes: for tests).
     """
 
     def __init__(self, weights: str | os.PathLike | None = "openwakeword", *, device: torch.device | str | None = None):
