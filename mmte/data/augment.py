@@ -290,9 +290,7 @@ class AudioAugment:
         augment = self.waveform.active and float(torch.rand(())) < self.waveform.p
         w = self.waveform(source, sample_rate, draw=False) if augment else source
         warp = base * self.waveform.warp() if augment else base
-        if fbank_kwargs.get("frontend") == "speech_embedding":  # its own fixed scale, applied after the masks
-            if (mean, std) not in ((AUDIOSET_MEAN, AUDIOSET_STD), (None, None)):
-                raise ValueError(f"frontend speech_embedding has its own fixed scale; mean/std must be left unset; got {mean}, {std}")
-            return speech_scale(self.spec(compute_fbank(w, sample_rate, vtln_warp=warp, scaled=False, **fbank_kwargs)))
+        if fbank_kwargs.get("frontend") == "speech_embedding":  # its own fixed scale (mean/std refused), after the masks
+            return speech_scale(self.spec(compute_fbank(w, sample_rate, mean=mean, std=std, vtln_warp=warp, scaled=False, **fbank_kwargs)))
         fb = self.spec(compute_fbank(w, sample_rate, mean=None, std=None, vtln_warp=warp, **fbank_kwargs))
         return fb if mean is None or std is None else (fb - mean) / (2 * std)

@@ -144,3 +144,26 @@ def test_a_stem_and_a_data_frontend_that_disagree_are_refused():
         apply_data_info(speech, heads, {"num_classes": 10, "audio_frontend": "kaldi"})
     with pytest.raises(ValueError, match=r"stem 'patch', which reads the 'kaldi' spectrogram"):
         apply_data_info({"audio": "audio"}, heads, {"num_classes": 10, "audio_frontend": "speech_embedding"})
+
+
+def test_training_augmentation_runs_on_the_speech_log_mel_before_its_scale():
+    """AudioAugment with the speech front end masks the natural-log power and then applies the fixed scale:
+    the frames a time mask leaves alone equal the plain front end's exactly, the masked ones hold the clip's
+    mean level; mean/std are refused on this path too."""
+    from mmte.data.augment import AudioAugment
+
+    w, sr = _clips()[0]
+    aug = AudioAugment.from_config({"time_masks": 1, "time_width": 12})
+    plain = _mel(w, sr)
+    hit = 0
+    for seed in range(8):
+        torch.manual_seed(seed)
+        got = aug.fbank(w, sr, target_rate=16000, num_mel_bins=32, frontend="speech_embedding")
+        same = (got == plain).all(1)
+        assert got.shape == plain.shape and int((~same).sum()) <= 12  # a mask is U[0, 12] frames wide
+        masked = got[~same]
+        assert torch.allclose(masked, masked[:1].expand_as(masked))  # one value: the clip's mean, scaled
+        hit += int((~same).sum())
+    assert hit > 0
+    with pytest.raises(ValueError, match=r"mean/std must be left unset; got 0.0, 1.0"):
+        aug.fbank(w, sr, target_rate=16000, num_mel_bins=32, frontend="speech_embedding", mean=0.0, std=1.0)
