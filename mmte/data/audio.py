@@ -15,6 +15,7 @@ Slaney mel bands from 60 to 3800 Hz (so 8 kHz telephone-band recordings lose not
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import os
@@ -147,12 +148,11 @@ def compute_fbank(
         raise ValueError(f"vtln_warp must be a number in [0.5, 2.0] (1.0: no warp); got {vtln_warp!r}")
     if frontend == "speech_embedding":
         _check_speech_options(target_rate, num_mel_bins, frame_length, frame_shift, mean, std, vtln_warp)
-        if sample_rate != target_rate:
-            w = torchaudio.functional.resample(w, sample_rate, target_rate)
-        mel = speech_mel(w)
-        return speech_scale(mel) if scaled else mel
     if sample_rate != target_rate:
         w = torchaudio.functional.resample(w, sample_rate, target_rate)
+    if frontend == "speech_embedding":
+        mel = speech_mel(w)
+        return speech_scale(mel) if scaled else mel
     min_len = int(target_rate * frame_length / 1000)
     if w.shape[0] < min_len:
         raise ValueError(f"waveform has {w.shape[0]} samples at {target_rate} Hz; at least one {frame_length} ms frame ({min_len}) expected")
@@ -185,6 +185,15 @@ def _check_speech_options(target_rate, num_mel_bins, frame_length, frame_shift, 
         raise ValueError(f"frontend speech_embedding does not warp its mel bands (vtln_warp / augment vtlp); got {vtln_warp}")
 
 
+@functools.lru_cache(maxsize=1)
+def _speech_bank() -> tuple[torch.Tensor, torch.Tensor]:
+    """The speech front end's analysis window and mel bank, built once (it runs per clip per epoch)."""
+    import torchaudio
+
+    bank = torchaudio.functional.melscale_fbanks(257, 60.0, 3800.0, SPEECH_BINS, SPEECH_RATE, norm="slaney", mel_scale="slaney")
+    return torch.hann_window(400), bank
+
+
 def speech_mel(waveform: torch.Tensor) -> torch.Tensor:
     """A 16 kHz waveform ``[S]`` in [-1, 1] -> natural-log mel power ``[frames, 32]`` on a 16-bit PCM scale:
     the speech embedding's spectrogram before :func:`speech_scale` (``frames = 1 + (S - 512) // 160``).
@@ -192,14 +201,12 @@ def speech_mel(waveform: torch.Tensor) -> torch.Tensor:
     Raises:
         ValueError: shorter than one 512-sample FFT window.
     """
-    import torchaudio
-
     w = check_waveform(waveform) * 32768.0
     if w.shape[0] < 512:
         raise ValueError(f"waveform has {w.shape[0]} samples at 16 kHz; the speech_embedding front end needs at least 512 (32 ms)")
-    spec = torch.stft(w, n_fft=512, hop_length=160, win_length=400, window=torch.hann_window(400), center=False, return_complex=True)
+    window, bank = _speech_bank()
+    spec = torch.stft(w, n_fft=512, hop_length=160, win_length=400, window=window, center=False, return_complex=True)
     power = spec.abs().square().T  # [frames, 257]
-    bank = torchaudio.functional.melscale_fbanks(257, 60.0, 3800.0, SPEECH_BINS, SPEECH_RATE, norm="slaney", mel_scale="slaney")
     return (power @ bank).clamp_min(1e-10).log()
 
 

@@ -189,7 +189,6 @@ class AudioTokenizer(ModalityTokenizer):
         self.num_mel_bins, self.max_frames, self.patch_size, self.stride = num_mel_bins, max_frames, patch_size, stride
         self.patch_time, self.stride_time, self.normalize = pt, st, normalize
         self.sample_rate, self.fbank_mean, self.fbank_std = sample_rate, fbank_mean, fbank_std
-        self.frontend = "speech_embedding" if stem == "speech_embedding" else "kaldi"
         self.cls_token = nn.Parameter(torch.empty(1, 1, dim, **kw)) if cls_token else None
         self.num_prefix_tokens = int(cls_token)
         # [1, T'max, F', D] so that time can be sliced
@@ -197,6 +196,11 @@ class AudioTokenizer(ModalityTokenizer):
         self.cls_pos = nn.Parameter(torch.empty(1, 1, dim, **kw)) if cls_token else None
         if self.proj.weight.device.type != "meta":
             self.reset_parameters()
+
+    @property
+    def frontend(self) -> str:
+        """The spectrogram the stem reads (``compute_fbank``'s ``frontend``)."""
+        return "speech_embedding" if self.stem_kind == "speech_embedding" else "kaldi"
 
     def reset_parameters(self) -> None:
         self.proj.reset_parameters()
@@ -270,8 +274,8 @@ class AudioTokenizer(ModalityTokenizer):
             raise ValueError(f"frames must be [B={b}]; got shape {tuple(frames.shape)}")
         if self.normalize is not None:
             fbank = utterance_norm(fbank.float(), frames, per_bin=self.normalize == "utterance")
-        img = fbank.transpose(1, 2).unsqueeze(1).to(self.proj.weight.dtype)  # [B, 1, F, T]
-        if self.frontend == "speech_embedding":
+        img = None if self.frontend == "speech_embedding" else fbank.transpose(1, 2).unsqueeze(1).to(self.proj.weight.dtype)  # [B, 1, F, T]
+        if img is None:
             x = self.proj(self.stem(_with_context(fbank, frames)))[:, :, None]  # [B, T', 1, D]
         elif self.stem is None:
             x = self.proj(img).permute(0, 3, 2, 1)  # [B, D, F', T'] -> [B, T', F', D]  time-major

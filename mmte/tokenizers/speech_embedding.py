@@ -40,6 +40,8 @@ _LAYOUT = [(24, (3, 3)), (24, (1, 3)), (24, (3, 1)), ("P", (2, 2)),
            (96, (1, 3)), (96, (3, 1)), (96, (1, 3)), (96, (3, 1)), ("P", (1, 2)),
            (96, (1, 3)), (96, (3, 1)), (96, (1, 3)), (96, (3, 1)), ("P", (2, 2)),
            (96, (3, 1))]
+_CONVS = [c for c in _LAYOUT if c[0] != "P"]
+_LAST = len(_CONVS) - 1  # the last convolution: no bias, no activation
 _PREFIX = "model/conv2d{}/"
 
 
@@ -88,14 +90,13 @@ def read_weights(path: str | os.PathLike | None = None) -> dict[str, torch.Tenso
     """
     where = os.fspath(path) if path is not None else default_weights_path()
     init, bn, eps = _read(where)
-    n = sum(c[0] != "P" for c in _LAYOUT)
     out: dict[str, torch.Tensor] = {}
     missing = [k for k in bn if k not in init]
-    for i in range(n):
+    for i in range(len(_CONVS)):
         tag = _PREFIX.format(f"_{i}" if i else "")
         if i == 0:
             keys = {"w0": tag + "StatefulPartitionedCall/StatefulPartitionedCall/Conv2D/ReadVariableOp:0"}
-        elif i == n - 1:
+        elif i == _LAST:
             keys = {f"w{i}": tag + "Conv2D/ReadVariableOp:0"}
         else:
             keys = {f"w{i}": tag + "Conv2D_weights_fused_bn", f"b{i}": tag + "Conv2D_bias_fused_bn"}
@@ -124,16 +125,13 @@ class SpeechEmbedding(nn.Module):
         super().__init__()
         self.weights = None if weights is None else ("openwakeword" if weights == "openwakeword" else os.fspath(weights))
         cin = 1
-        i = 0
-        for out, k in _LAYOUT:
-            if out == "P":
-                continue
+        for i, (out, k) in enumerate(_CONVS):
             self.register_buffer(f"w{i}", torch.empty(out, cin, *k, device=device))
-            if 0 < i < 19:
+            if 0 < i < _LAST:
                 self.register_buffer(f"b{i}", torch.empty(out, device=device))
-            cin, i = out, i + 1
-        self.register_buffer("bn_scale", torch.empty(24, device=device))
-        self.register_buffer("bn_shift", torch.empty(24, device=device))
+            cin = out
+        self.register_buffer("bn_scale", torch.empty(_CONVS[0][0], device=device))
+        self.register_buffer("bn_shift", torch.empty(_CONVS[0][0], device=device))
         if self.w0.device.type != "meta":
             self.reset_parameters()
 
@@ -167,11 +165,11 @@ class SpeechEmbedding(nn.Module):
                 x = F.max_pool2d(x, k, k)
                 continue
             w = getattr(self, f"w{i}").to(x.dtype)
-            b = getattr(self, f"b{i}").to(x.dtype) if 0 < i < 19 else None
+            b = getattr(self, f"b{i}").to(x.dtype) if 0 < i < _LAST else None
             x = F.conv2d(x, w, b, padding=(0, 1) if k == (1, 3) else 0)
             if i == 0:
                 x = F.relu(x) * self.bn_scale.to(x.dtype)[:, None, None] + self.bn_shift.to(x.dtype)[:, None, None]
-            if i < 19:
+            if i < _LAST:
                 x = F.leaky_relu(x, 0.2).clamp_min(-0.4)
             i += 1
         return x[:, :, :, 0].transpose(1, 2)  # [B, 96, T', 1] -> [B, T', 96]
