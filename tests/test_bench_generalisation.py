@@ -42,6 +42,30 @@ def test_linear_baseline_recovers_a_linear_map(bench):
     assert out["repeat_last"]["mae"] == pytest.approx(float(np.abs(rl - yt).mean()), rel=1e-12)
 
 
+def test_linear_baseline_sees_plain_windows_when_the_recipe_removes_a_cycle(bench, tmp_path):
+    """The issue's linear baseline is fitted on the plain standardised windows even when the recipe's data
+    removes a daily cycle; the least squares on the deseasonalised windows is reported beside it."""
+    import pandas as pd
+
+    from mmte.training.datamodule import ForecastDataModule
+
+    rng = np.random.default_rng(1)
+    t = pd.date_range("2020-01-01", periods=600, freq="h")
+    daily = np.sin(2 * np.pi * t.hour.to_numpy() / 24)
+    pd.DataFrame({"date": t.astype(str), "a": 2 * daily + rng.normal(0, 0.2, 600), "b": rng.normal(0, 1, 600).cumsum() * 0.1 - daily}).to_csv(
+        tmp_path / "s.csv", index=False)
+    kw = {"input_len": 24, "horizon": 12, "time_column": "date", "batch_size": 32}
+    cyc, plain = ForecastDataModule(str(tmp_path / "s.csv"), cycle="1D", **kw), ForecastDataModule(str(tmp_path / "s.csv"), **kw)
+    for dm in (cyc, plain):
+        dm.setup()
+    got, want = bench.linear_baselines(cyc), bench.linear_baselines(plain)
+    assert got["linear"] == want["linear"] and got["repeat_last"] == want["repeat_last"] and "linear_cycle" not in want
+    assert got["cycle"] == "24 rows" and got["linear_cycle"]["mse"] != pytest.approx(got["linear"]["mse"], rel=1e-3)
+    row = {"horizon": 12, "mmte": {"mse": 0.1, "mae": 0.2}, **got, "mse_vs_linear": 0.1 / got["linear"]["mse"]}
+    md = bench.markdown({"forecast": {"recipe": "r", "horizons": [row]}})
+    assert f"| {got['linear_cycle']['mse']:.4f} |" in md and "removes a seasonal cycle (24 rows" in md
+
+
 def _fold(spk: str, acc: float, lr: float, cnn: float) -> dict:
     return {"speaker": spk, "mmte": acc, "pooled_fbank_logreg": lr, "small_cnn": cnn}
 

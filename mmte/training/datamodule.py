@@ -1224,6 +1224,12 @@ class ForecastDataModule(MMTEDataModule):
         borders: explicit [train_start, val_start, test_start, end] rows, overriding split.
         train_step: stride between training windows.
         eval_step: stride between validation/test/predict windows (1: every window, the literature protocol).
+        cycle: remove a fixed seasonal cycle before windowing: a duration (``1D``, ``24h``, ``7D``; pandas
+            offsets) or a number of rows. Its profile, each channel's mean (standardised) value at each
+            phase of the cycle over the training rows, is saved with the model; inputs and targets lose
+            it, so the model forecasts the residual, and predictions get it back. Phases come from the
+            timestamps, so every file needs ``time_column``. Errors are unchanged by it (the same profile
+            leaves both sides). None: no cycle.
         **kwargs: :class:`MMTEDataModule` options.
     """
 
@@ -1245,6 +1251,7 @@ class ForecastDataModule(MMTEDataModule):
         borders: list[int] | None = None,
         train_step: int = 1,
         eval_step: int = 1,
+        cycle: int | str | None = None,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -1256,6 +1263,9 @@ class ForecastDataModule(MMTEDataModule):
         self.path, self.input_len, self.horizon, self.columns_opt = path, input_len, horizon, columns
         self.time_column, self.split, self.fractions = time_column, split, list(fractions or (0.7, 0.1, 0.2))
         self.borders_opt, self.train_step, self.eval_step = borders, train_step, eval_step
+        if cycle is not None and not isinstance(cycle, (int, str)) or isinstance(cycle, bool) or (isinstance(cycle, int) and cycle < 2):
+            raise ValueError(f"cycle must be a duration such as '1D' or '24h', a number of rows >= 2, or null; got {cycle!r}")
+        self.cycle_opt = cycle
         self.sources = {"train": train if train is not None else path, "val": val, "test": test, "predict": predict}
         self._series: dict[str, tuple[np.ndarray, list[str], np.ndarray | None]] = {}
         self.borders: list[int] | None = None
@@ -1306,12 +1316,36 @@ class ForecastDataModule(MMTEDataModule):
 
     # ---------------------------------------------------------------------------------- state
     def fit_state(self) -> dict[str, Any]:
-        values, cols, _ = self._read("train")
+        values, cols, stamps = self._read("train")
         b = self._borders()
         train = values[b[0] : b[1]].astype(np.float64)
-        std = train.std(0)
-        return {"columns": cols, "mean": train.mean(0).tolist(), "std": np.where(std > 0, std, 1.0).tolist(),
-                "input_len": self.input_len, "horizon": self.horizon}
+        mean, std = train.mean(0), train.std(0)
+        std = np.where(std > 0, std, 1.0)
+        state = {"columns": cols, "mean": mean.tolist(), "std": std.tolist(), "input_len": self.input_len, "horizon": self.horizon}
+        if self.cycle_opt is not None:
+            state["cycle"] = self._fit_cycle((train - mean) / std, stamps[b[0] : b[1]] if stamps is not None else None)
+        return state
+
+    def _fit_cycle(self, z: np.ndarray, stamps: np.ndarray | None) -> dict[str, Any]:
+        """The training rows' mean standardised value per phase of the cycle, per channel."""
+        from ..data.time_series import row_spacing
+
+        where = f"{os.fspath(self.sources['train'])!r}"
+        if stamps is None:
+            raise ValueError(f"cycle {self.cycle_opt!r} needs timestamps to place rows in the cycle, and {where} has no time_column {self.time_column!r}; set time_column or cycle: null")
+        step = int(row_spacing(stamps).astype("timedelta64[s]").astype(np.int64))
+        if isinstance(self.cycle_opt, int):
+            period = self.cycle_opt
+        else:
+            period = _duration_s(self.cycle_opt) / step
+            if period != int(period) or period < 2:
+                raise ValueError(f"cycle {self.cycle_opt!r} is {period:g} rows of {where}'s {step} s spacing; expected a whole number of rows >= 2")
+            period = int(period)
+        phase = _phases(stamps, step, period)
+        if len(np.unique(phase)) < period:
+            raise ValueError(f"cycle of {period} rows: the training rows of {where} do not cover every phase of it; use a shorter cycle or a longer training part")
+        profile = np.stack([z[phase == k].mean(0) for k in range(period)])
+        return {"period": period, "step_s": step, "profile": profile.tolist()}
 
     def apply_state(self, state: Mapping[str, Any]) -> None:
         for key in ("input_len", "horizon"):
@@ -1322,7 +1356,46 @@ class ForecastDataModule(MMTEDataModule):
                 )
         self.columns = list(state["columns"])
         self.mean, self.std = np.asarray(state["mean"], np.float64), np.asarray(state["std"], np.float64)
+        self.cycle = state.get("cycle")
+        same = (self.cycle is None) == (self.cycle_opt is None)
+        if same and self.cycle is not None:
+            opt = self.cycle_opt
+            rows = opt if isinstance(opt, int) else _duration_s(opt) / self.cycle["step_s"]
+            same = rows == self.cycle["period"]
+        if not same:
+            had = f"cycle {self.cycle['period']} rows" if self.cycle else "no cycle"
+            raise ValueError(f"the checkpoint's model was trained with {had}; this run has cycle {self.cycle_opt!r}; set data.init_args.cycle as it was trained")
         self.datasets.clear()
+
+    def _profile_at(self, rows: np.ndarray, stamps: np.ndarray | None, spacing, n: int, where: str) -> np.ndarray:
+        """The saved cycle's profile [len(rows), C] at rows of a file (rows past its end continue its spacing)."""
+        if stamps is None:
+            raise ValueError(f"{where!r} has no time_column {self.time_column!r}; the model removes a cycle, which needs each row's timestamp")
+        t = stamps.astype("datetime64[s]").astype(np.int64)
+        last = int(t[-1])
+        step = int(np.asarray(spacing, "timedelta64[s]").astype(np.int64)) if spacing is not None else self.cycle["step_s"]
+        secs = np.where(rows < n, t[np.minimum(rows, n - 1)], last + (rows - n + 1) * step)
+        phase = _phases(secs.astype("datetime64[s]"), self.cycle["step_s"], self.cycle["period"])
+        return np.asarray(self.cycle["profile"], np.float64)[phase]
+
+    def restore(self, split: str, positions: np.ndarray, columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Give forecasts and targets of a split's items (``positions``) their removed cycle back."""
+        if self.cycle is None:
+            return dict(columns)
+        from ..data.time_series import row_spacing
+
+        split = self.prediction_split if split == "predict" else split
+        own = split != "train" and self.sources[split] is not None
+        values, _, stamps = self._read(split if own else "train")
+        starts = np.asarray(self.row_info[split]["start_row"], np.int64)[positions]
+        rows = starts[:, None] + self.input_len + np.arange(self.horizon)
+        season = self._profile_at(rows.reshape(-1), stamps, row_spacing(stamps), len(values), self.sources[split if own else "train"])
+        season = season.reshape(len(starts), self.horizon, -1).astype(np.float32)
+        out = dict(columns)
+        for k, a in columns.items():
+            if k.split("/")[-1] in ("value", "target") and a.ndim == 3 and a.shape[1:] == season.shape[1:]:
+                out[k] = a + season
+        return out
 
     @property
     def model_info(self) -> dict[str, Any]:
@@ -1359,7 +1432,10 @@ class ForecastDataModule(MMTEDataModule):
                 starts.append(hi - L)
         else:
             starts = list(range(lo, hi - L - H + 1, step))
-        z = ((values - self.mean) / self.std).astype(np.float32)
+        z = (values - self.mean) / self.std
+        if self.cycle is not None:
+            z = z - self._profile_at(np.arange(n), stamps, row_spacing(stamps), n, self.sources[src_split])
+        z = z.astype(np.float32)
         series = torch.from_numpy(np.concatenate([z, np.full((H, z.shape[1]), np.nan, np.float32)]))  # NaN future beyond the end
         self.collates = {"time_series": collate_series}
         ds = mds.arrays_dataset(np.asarray(starts, dtype=np.int64), None, "start").add_column("index", list(range(len(starts))))
@@ -1389,6 +1465,22 @@ class ForecastDataModule(MMTEDataModule):
                 f"{where!r} rows {lo}-{hi - 1} hold no window of input_len + horizon = {L + H} rows" if own or split == "train"
                 else f"the {split} part of {where!r} (rows {lo}-{hi - 1}) holds no window of input_len + horizon = {L + H} rows"
             )
+
+
+def _duration_s(text: str) -> float:
+    """Seconds in a duration such as ``1D`` or ``24h`` (pandas offsets)."""
+    import pandas as pd
+
+    try:
+        return pd.Timedelta(text).total_seconds()
+    except ValueError:
+        raise ValueError(f"cycle {text!r} is not a duration; expected e.g. '1D', '24h', '7D' or a number of rows") from None
+
+
+def _phases(stamps: np.ndarray, step_s: int, period: int) -> np.ndarray:
+    """Each timestamp's phase in a cycle of ``period`` rows ``step_s`` seconds apart (phase 0 at the Unix epoch)."""
+    secs = np.asarray(stamps, "datetime64[s]").astype(np.int64)
+    return (np.floor_divide(secs, step_s) % period).astype(np.int64)
 
 
 # ---------------------------------------------------------------------------------------- pairs
