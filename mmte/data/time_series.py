@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -216,8 +216,15 @@ def sliding_windows(series: torch.Tensor, input_len: int, horizon: int, step: in
     return w[:, :input_len].contiguous(), w[:, input_len:].contiguous()
 
 
-def collate_series(samples: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Stack equal-length series ``[L, C]`` -> ``[B, L, C]``."""
+def collate_series(samples: Sequence[torch.Tensor | Mapping[str, torch.Tensor]]) -> torch.Tensor | dict[str, torch.Tensor]:
+    """Stack equal-length series ``[L, C]`` -> ``[B, L, C]``; samples that are dicts (a series with its
+    ``season``) are stacked key by key."""
+    if samples and isinstance(samples[0], Mapping):
+        keys = list(samples[0])
+        for i, s in enumerate(samples):
+            if list(s) != keys:
+                raise ValueError(f"time series sample {i} has parts {list(s)}; expected {keys} like sample 0")
+        return {k: stack_same([s[k] for s in samples], f"time series {k}") for k in keys}
     return stack_same(samples, "time series")
 
 

@@ -132,7 +132,9 @@ class ForecastingHead(Head):
     The time-series tokenizer encodes each of the ``C`` channels of ``B`` series as its own sequence,
     so the hidden states are ``[B*C, P, D]``. Each channel's ``P`` patch states are flattened and
     mapped to ``horizon`` future values, reshaped to ``[B, horizon, C]``, and the tokenizer's reversible
-    instance normalisation is undone (``seq.extras["revin"]``), so predictions are in the input's scale.
+    instance normalisation is undone (``seq.extras["revin"]``), so predictions are in the input's scale;
+    a seasonal cycle the tokenizer took out (``seq.extras["season"]``, its level at the forecast steps)
+    is added back.
 
     Args:
         dim: hidden width.
@@ -175,6 +177,11 @@ class ForecastingHead(Head):
         revin = extras.get("revin")
         if revin is not None:
             y = revin.denormalize(y)
+        season = extras.get("season")
+        if season is not None:
+            if tuple(season.shape) != tuple(y.shape):
+                raise ValueError(f"the tokenizer's season covers {season.shape[1]} forecast steps of {season.shape[2]} channels; this head forecasts {tuple(y.shape[1:])}")
+            y = y + season.to(y.dtype)
         return y
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

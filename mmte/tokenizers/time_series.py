@@ -8,6 +8,11 @@
 3. Channel independence: each of the ``C`` channels is its own sequence, so ``B`` series of ``C``
    channels give ``[B*C, P, D]`` tokens (``extras["channels"] = C``), with
    ``P = (L - patch_len) // stride + 1 (+ 1 with end padding)``.
+
+A known seasonal cycle (``season``: its level over the input and forecast steps, e.g. the daily profile
+a :class:`~mmte.training.datamodule.ForecastDataModule` with ``cycle`` computes from the timestamps) is
+subtracted from the inputs first, and its forecast-step part travels in ``extras["season"]`` so a
+forecasting head adds it back.
 """
 
 from __future__ import annotations
@@ -142,9 +147,11 @@ class TimeSeriesTokenizer(ModalityTokenizer):
         """Tokens per channel sequence (the backbone sees ``B*C`` sequences of this length)."""
         return self.num_patches(length)
 
-    def forward(self, series: torch.Tensor) -> TokenSeq:
+    def forward(self, series: torch.Tensor, season: torch.Tensor | None = None) -> TokenSeq:
         """Args:
             series: ``[B, L, C]`` finite values.
+            season: ``[B, L + H, C]`` a known cycle's level at the ``L`` input and ``H`` forecast steps:
+                subtracted from the inputs, and added back to forecasts by the head; None: no cycle.
         """
         if series.dim() != 3:
             raise ValueError(f"time_series tokenizer expects series [B, L, C]; got shape {tuple(series.shape)}")
@@ -159,6 +166,14 @@ class TimeSeriesTokenizer(ModalityTokenizer):
         if p > self.max_patches:
             raise ValueError(f"series length {length} gives {p} patches; this tokenizer takes at most max_patches={self.max_patches}")
         x = series.to(self.proj.weight.dtype)
+        extras: dict = {}
+        if season is not None:
+            if season.dim() != 3 or season.shape[0] != b or season.shape[2] != c or season.shape[1] <= length:
+                raise ValueError(f"season must be [B, L + horizon, C] with B={b}, L={length}, C={c}; got shape {tuple(season.shape)}")
+            if not bool(torch.isfinite(season).all()):
+                raise ValueError("season holds NaN/inf; expected finite values")
+            season = season.to(x.dtype)
+            x, extras["season"] = x - season[:, :length], season[:, length:]
         stats = None
         if self.revin is not None:
             x, stats = self.revin(x)
@@ -167,4 +182,4 @@ class TimeSeriesTokenizer(ModalityTokenizer):
             x = torch.cat([x, x[..., -1:].expand(-1, -1, self.stride)], -1)
         patches = x.unfold(-1, self.patch_len, self.stride)  # [B, C, P, patch_len]
         tokens = self.proj(patches) + self.pos_embed[:, :p]
-        return TokenSeq(tokens.reshape(b * c, p, self.dim), None, 0, extras={"channels": c, "revin": stats})
+        return TokenSeq(tokens.reshape(b * c, p, self.dim), None, 0, extras={"channels": c, "revin": stats, **extras})

@@ -364,8 +364,6 @@ class PredictionWriter(BasePredictionWriter):
             return
         positions, cols = got
         dm = trainer.datamodule
-        if dm is not None and hasattr(dm, "restore"):
-            cols = dm.restore("predict", positions, cols)  # e.g. a forecast's removed seasonal cycle
         ids: dict[str, list[Any]] = {}
         if dm is not None and hasattr(dm, "row_columns"):
             ids = dm.row_columns("predict")

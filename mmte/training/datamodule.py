@@ -1224,12 +1224,12 @@ class ForecastDataModule(MMTEDataModule):
         borders: explicit [train_start, val_start, test_start, end] rows, overriding split.
         train_step: stride between training windows.
         eval_step: stride between validation/test/predict windows (1: every window, the literature protocol).
-        cycle: remove a fixed seasonal cycle before windowing: a duration (``1D``, ``24h``, ``7D``; pandas
-            offsets) or a number of rows. Its profile, each channel's mean (standardised) value at each
-            phase of the cycle over the training rows, is saved with the model; inputs and targets lose
-            it, so the model forecasts the residual, and predictions get it back. Phases come from the
-            timestamps, so every file needs ``time_column``. Errors are unchanged by it (the same profile
-            leaves both sides). None: no cycle.
+        cycle: a fixed seasonal cycle the model takes out of its inputs and adds back to its forecasts: a
+            duration (``1D``, ``24h``, ``7D``; pandas offsets) or a number of rows. Its level, each
+            channel's mean standardised value at each phase of the cycle over the training rows, is saved
+            with the model. Each window carries the level at its input and forecast steps (placed by the
+            timestamps, so every file needs ``time_column``); the model forecasts what the cycle does not
+            explain, and targets, metrics and predictions stay on the plain standardised scale. None: no cycle.
         **kwargs: :class:`MMTEDataModule` options.
     """
 
@@ -1344,8 +1344,8 @@ class ForecastDataModule(MMTEDataModule):
         phase = _phases(stamps, step, period)
         if len(np.unique(phase)) < period:
             raise ValueError(f"cycle of {period} rows: the training rows of {where} do not cover every phase of it; use a shorter cycle or a longer training part")
-        profile = np.stack([z[phase == k].mean(0) for k in range(period)])
-        return {"period": period, "step_s": step, "profile": profile.tolist()}
+        level = np.stack([z[phase == k].mean(0) for k in range(period)])
+        return {"period": period, "step_s": step, "level": level.tolist()}
 
     def apply_state(self, state: Mapping[str, Any]) -> None:
         for key in ("input_len", "horizon"):
@@ -1367,35 +1367,15 @@ class ForecastDataModule(MMTEDataModule):
             raise ValueError(f"the checkpoint's model was trained with {had}; this run has cycle {self.cycle_opt!r}; set data.init_args.cycle as it was trained")
         self.datasets.clear()
 
-    def _profile_at(self, rows: np.ndarray, stamps: np.ndarray | None, spacing, n: int, where: str) -> np.ndarray:
-        """The saved cycle's profile [len(rows), C] at rows of a file (rows past its end continue its spacing)."""
+    def _season_at(self, rows: np.ndarray, stamps: np.ndarray | None, spacing, n: int, where: str) -> np.ndarray:
+        """The saved cycle's level ``[len(rows), C]`` at rows of a file (rows past its end continue its spacing)."""
         if stamps is None:
             raise ValueError(f"{where!r} has no time_column {self.time_column!r}; the model removes a cycle, which needs each row's timestamp")
         t = stamps.astype("datetime64[s]").astype(np.int64)
-        last = int(t[-1])
         step = int(np.asarray(spacing, "timedelta64[s]").astype(np.int64)) if spacing is not None else self.cycle["step_s"]
-        secs = np.where(rows < n, t[np.minimum(rows, n - 1)], last + (rows - n + 1) * step)
+        secs = np.where(rows < n, t[np.minimum(rows, n - 1)], t[-1] + (rows - n + 1) * step)
         phase = _phases(secs.astype("datetime64[s]"), self.cycle["step_s"], self.cycle["period"])
-        return np.asarray(self.cycle["profile"], np.float64)[phase]
-
-    def restore(self, split: str, positions: np.ndarray, columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Give forecasts and targets of a split's items (``positions``) their removed cycle back."""
-        if self.cycle is None:
-            return dict(columns)
-        from ..data.time_series import row_spacing
-
-        split = self.prediction_split if split == "predict" else split
-        own = split != "train" and self.sources[split] is not None
-        values, _, stamps = self._read(split if own else "train")
-        starts = np.asarray(self.row_info[split]["start_row"], np.int64)[positions]
-        rows = starts[:, None] + self.input_len + np.arange(self.horizon)
-        season = self._profile_at(rows.reshape(-1), stamps, row_spacing(stamps), len(values), self.sources[split if own else "train"])
-        season = season.reshape(len(starts), self.horizon, -1).astype(np.float32)
-        out = dict(columns)
-        for k, a in columns.items():
-            if k.split("/")[-1] in ("value", "target") and a.ndim == 3 and a.shape[1:] == season.shape[1:]:
-                out[k] = a + season
-        return out
+        return np.asarray(self.cycle["level"], np.float64)[phase]
 
     @property
     def model_info(self) -> dict[str, Any]:
@@ -1432,16 +1412,19 @@ class ForecastDataModule(MMTEDataModule):
                 starts.append(hi - L)
         else:
             starts = list(range(lo, hi - L - H + 1, step))
-        z = (values - self.mean) / self.std
-        if self.cycle is not None:
-            z = z - self._profile_at(np.arange(n), stamps, row_spacing(stamps), n, self.sources[src_split])
-        z = z.astype(np.float32)
+        z = ((values - self.mean) / self.std).astype(np.float32)
         series = torch.from_numpy(np.concatenate([z, np.full((H, z.shape[1]), np.nan, np.float32)]))  # NaN future beyond the end
         self.collates = {"time_series": collate_series}
         ds = mds.arrays_dataset(np.asarray(starts, dtype=np.int64), None, "start").add_column("index", list(range(len(starts))))
 
         def window(t, series=series):
             return series[int(t) : int(t) + L]
+
+        if self.cycle is not None:  # each window with the cycle's level at its input and forecast steps
+            level = torch.from_numpy(self._season_at(np.arange(n + H), stamps, row_spacing(stamps), n, self.sources[src_split]).astype(np.float32))
+
+            def window(t, series=series, level=level):
+                return {"series": series[int(t) : int(t) + L], "season": level[int(t) : int(t) + L + H]}
 
         def future(t, series=series):
             return series[int(t) + L : int(t) + L + H]

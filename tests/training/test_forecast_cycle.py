@@ -1,13 +1,17 @@
-"""ForecastDataModule's ``cycle``: a seasonal profile fitted on the training rows (each channel's mean
-standardised value per phase, placed by the timestamps), removed from inputs and targets, saved with the
-model, and given back by ``restore`` so errors and predictions are on the plain standardised scale."""
+"""ForecastDataModule's ``cycle``: a seasonal level per phase fitted on the training rows (placed by the
+timestamps) and saved with the model; each window carries it at its input and forecast steps; the
+time-series tokenizer subtracts it from the inputs and the forecasting head adds it back, so targets,
+metrics and predictions stay on the plain standardised scale."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
+from mmte.heads.heads import ForecastingHead
+from mmte.tokenizers.time_series import TimeSeriesTokenizer
 from mmte.training.datamodule import ForecastDataModule
 
 
@@ -19,44 +23,56 @@ def _hourly(n: int, start: str = "2016-07-01 00:00", seed: int = 0) -> pd.DataFr
                          "b": np.where(hour < 8, 2.0, -1.0) + 0.01 * np.arange(n) + rng.normal(0, 0.3, n)})
 
 
-def _naive_profile(df: pd.DataFrame, rows: slice) -> np.ndarray:
-    """Independent reference: z-score by the training rows, then average by hour of day."""
+def _naive_cycle(df: pd.DataFrame, rows: slice) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Independent reference: z-score by the training rows, then each hour of day's mean."""
     vals = df[["a", "b"]].to_numpy(np.float64)
     z = (vals - vals[rows].mean(0)) / vals[rows].std(0)
     hour = pd.to_datetime(df["date"]).dt.hour.to_numpy()
     return np.stack([z[rows][hour[rows] == h].mean(0) for h in range(24)]), z, hour
 
 
-def test_cycle_profile_windows_and_restore(tmp_path):
+def test_cycle_state_and_windows(tmp_path):
     df = _hourly(1000, start="2016-07-01 05:00")  # the first row is not phase 0
     p = tmp_path / "s.csv"
     df.to_csv(p, index=False)
     kw = {"input_len": 48, "horizon": 24, "time_column": "date", "batch_size": 8, "eval_step": 7}
     dm = ForecastDataModule(str(p), cycle="1D", **kw)
-    plain = ForecastDataModule(str(p), **kw)
-    profile, z, hour = _naive_profile(df, slice(0, 700))
+    level, z, hour = _naive_cycle(df, slice(0, 700))
     state = dm.state_dict()
     assert state["cycle"]["period"] == 24 and state["cycle"]["step_s"] == 3600
-    np.testing.assert_allclose(np.asarray(state["cycle"]["profile"]), profile, rtol=0, atol=1e-6)  # values read as float32
-    assert np.abs(profile).max() > 0.5  # the fixture has a strong daily cycle to remove
+    np.testing.assert_allclose(np.asarray(state["cycle"]["level"]), level, rtol=0, atol=1e-6)  # values read as float32
+    assert np.abs(level).max() > 0.5  # the fixture has a strong daily cycle
     # a number of rows is the same cycle
-    np.testing.assert_allclose(ForecastDataModule(str(p), cycle=24, **kw).state_dict()["cycle"]["profile"], state["cycle"]["profile"], atol=0)
+    assert ForecastDataModule(str(p), cycle=24, **kw).state_dict()["cycle"] == state["cycle"]
     dm.setup("test")
-    plain.setup("test")
     item = dm.datasets["test"][5]
-    start = int(dm.row_info["test"]["start_row"][5])
-    np.testing.assert_allclose(item["time_series"].numpy(), (z - profile[hour])[start : start + 48], rtol=0, atol=1e-5)
-    np.testing.assert_allclose(item["target"].numpy(), (z - profile[hour])[start + 48 : start + 72], rtol=0, atol=1e-5)
-    # restore gives forecasts and targets the cycle back: the plain windows' targets, errors unchanged
-    pos = np.arange(len(dm.datasets["test"]))
-    tgt = np.stack([dm.datasets["test"][i]["target"].numpy() for i in pos])
-    fake = tgt + 0.25  # a "forecast" off by a constant
-    back = dm.restore("test", pos, {"forecast/value": fake, "forecast/target": tgt, "forecast/other": np.zeros((len(pos), 1))})
-    want = np.stack([plain.datasets["test"][i]["target"].numpy() for i in pos])
-    np.testing.assert_allclose(back["forecast/target"], want, rtol=0, atol=1e-5)
-    np.testing.assert_allclose(back["forecast/value"] - back["forecast/target"], 0.25, rtol=0, atol=1e-5)
-    assert not back["forecast/other"].any()
-    assert plain.restore("test", pos, {"forecast/value": fake})["forecast/value"] is fake  # no cycle: unchanged
+    t = int(dm.row_info["test"]["start_row"][5])
+    np.testing.assert_allclose(item["time_series"]["series"].numpy(), z[t : t + 48], rtol=0, atol=1e-5)  # the plain series
+    np.testing.assert_allclose(item["target"].numpy(), z[t + 48 : t + 72], rtol=0, atol=1e-5)  # and plain targets
+    np.testing.assert_allclose(item["time_series"]["season"].numpy(), level[hour[t : t + 72]], rtol=0, atol=1e-5)
+    batch = next(iter(dm.test_dataloader()))
+    assert {k: tuple(v.shape) for k, v in batch["time_series"].items()} == {"series": (8, 48, 2), "season": (8, 72, 2)}
+
+
+def test_tokenizer_takes_the_cycle_out_and_the_head_puts_it_back():
+    torch.manual_seed(0)
+    b, L, H, c = 3, 32, 8, 2
+    tok = TimeSeriesTokenizer(16, patch_len=8, stride=8, num_channels=c)
+    head = ForecastingHead(16, H, num_patches=tok.num_patches(L))
+    x, level = torch.randn(b, L, c), torch.randn(b, L + H, c)
+    seq = tok(x, level)
+    got = head(seq.tokens, seq)  # the tokens stand in for the backbone's output
+    ref_seq = tok(x - level[:, :L])
+    want = head(ref_seq.tokens, ref_seq) + level[:, L:]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got, head(tok(x).tokens, tok(x)), atol=1e-2)  # the cycle changes the forecast
+    with pytest.raises(ValueError, match=r"^season must be \[B, L \+ horizon, C\] with B=3, L=32, C=2; got shape \(3, 32, 2\)$"):
+        tok(x, level[:, :L])
+    with pytest.raises(ValueError, match=r"^season holds NaN/inf; expected finite values$"):
+        tok(x, level * float("nan"))
+    short = tok(x, level[:, : L + 4])
+    with pytest.raises(ValueError, match=r"^the tokenizer's season covers 4 forecast steps of 2 channels; this head forecasts \(8, 2\)$"):
+        head(short.tokens, short)
 
 
 def test_cycle_on_another_file_and_beyond_its_end(tmp_path):
@@ -66,17 +82,14 @@ def test_cycle_on_another_file_and_beyond_its_end(tmp_path):
     df.to_csv(tr, index=False)
     other.to_csv(new, index=False)
     dm = ForecastDataModule(str(tr), input_len=24, horizon=12, time_column="date", cycle="24h", predict=str(new), batch_size=4)
-    profile = np.asarray(dm.state_dict()["cycle"]["profile"])
+    level = np.asarray(dm.state_dict()["cycle"]["level"])
     dm.setup("predict")
     ds = dm.datasets["predict"]
     final = ds[len(ds) - 1]  # forecasts past the file's end: 130 - 24 = row 106 starts it
     assert int(dm.row_info["predict"]["start_row"][-1]) == 106
-    vals = df[["a", "b"]].to_numpy(np.float64)[:560]
-    z = (other[["a", "b"]].to_numpy(np.float64) - vals.mean(0)) / vals.std(0)
-    hours = (17 + np.arange(106, 130)) % 24
-    np.testing.assert_allclose(final["time_series"].numpy(), z[106:130] - profile[hours], rtol=0, atol=1e-5)
-    back = dm.restore("predict", np.array([len(ds) - 1]), {"f/value": np.zeros((1, 12, 2), np.float32)})["f/value"][0]
-    np.testing.assert_allclose(back, profile[(17 + np.arange(130, 142)) % 24], rtol=0, atol=1e-6)  # the hours after the end
+    hours = (17 + np.arange(106, 142)) % 24  # the input rows, then the 12 hours after the file's end
+    np.testing.assert_allclose(final["time_series"]["season"].numpy(), level[hours], rtol=0, atol=1e-6)
+    assert np.isnan(final["target"].numpy()).all()
 
 
 def test_cycle_errors_are_named(tmp_path):
