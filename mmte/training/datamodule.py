@@ -1263,7 +1263,7 @@ class ForecastDataModule(MMTEDataModule):
         self.path, self.input_len, self.horizon, self.columns_opt = path, input_len, horizon, columns
         self.time_column, self.split, self.fractions = time_column, split, list(fractions or (0.7, 0.1, 0.2))
         self.borders_opt, self.train_step, self.eval_step = borders, train_step, eval_step
-        if cycle is not None and not isinstance(cycle, (int, str)) or isinstance(cycle, bool) or (isinstance(cycle, int) and cycle < 2):
+        if cycle is not None and (isinstance(cycle, bool) or not isinstance(cycle, (int, str)) or (isinstance(cycle, int) and cycle < 2)):
             raise ValueError(f"cycle must be a duration such as '1D' or '24h', a number of rows >= 2, or null; got {cycle!r}")
         self.cycle_opt = cycle
         self.sources = {"train": train if train is not None else path, "val": val, "test": test, "predict": predict}
