@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["collate_batch", "pad_stack", "stack_same"]
+__all__ = ["collate_batch", "pad_stack", "stack_parts", "stack_same"]
 
 
 def pad_stack(tensors: Sequence[torch.Tensor], dim: int = 0, value: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,6 +40,15 @@ def stack_same(tensors: Sequence[torch.Tensor], what: str) -> torch.Tensor:
         if tuple(t.shape) != ref:
             raise ValueError(f"{what} sample {i} has shape {tuple(t.shape)}; expected {ref} like sample 0 (resize or crop first)")
     return torch.stack(list(tensors))
+
+
+def stack_parts(samples: Sequence[Mapping[str, torch.Tensor]], what: str, item: str = "sample") -> dict[str, torch.Tensor]:
+    """Stack samples that are dicts of tensors key by key (every sample must have the same keys)."""
+    keys = sorted(samples[0])
+    for i, s in enumerate(samples):
+        if sorted(s) != keys:
+            raise ValueError(f"{what} {item} {i} has parts {sorted(s)}; expected {keys} like {item} 0")
+    return {k: stack_same([s[k] for s in samples], f"{what} {k}") for k in keys}
 
 
 def collate_batch(samples: Sequence[Mapping[str, Any]], collates: Mapping[str, Callable[[list[Any]], Any]] | None = None) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .collate import stack_same
+from .collate import stack_parts
 
 __all__ = ["DEFAULT_MISSING", "TableSchema", "TabularEncoder", "collate_tabular", "example_tabular", "read_frame"]
 
@@ -454,11 +454,7 @@ def collate_tabular(samples: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, 
     """Stack encoded rows -> ``{"numeric": [B, Cn], "categorical": [B, Cc]}`` (keys present in the rows)."""
     if not samples:
         raise ValueError("cannot collate an empty list of tabular rows")
-    keys = sorted(samples[0])
-    for i, s in enumerate(samples):
-        if sorted(s) != keys:
-            raise ValueError(f"tabular row {i} has parts {sorted(s)}; expected {keys} like row 0")
-    return {k: stack_same([s[k] for s in samples], f"tabular {k}") for k in keys}
+    return stack_parts(samples, "tabular", "row")
 
 
 def example_tabular(size: int, seed: int) -> dict[str, torch.Tensor]:

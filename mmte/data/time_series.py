@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from .collate import stack_same
+from .collate import stack_parts, stack_same
 
 __all__ = [
     "ETT_COLUMNS",
@@ -220,11 +220,7 @@ def collate_series(samples: Sequence[torch.Tensor | Mapping[str, torch.Tensor]])
     """Stack equal-length series ``[L, C]`` -> ``[B, L, C]``; samples that are dicts (a series with its
     ``season``) are stacked key by key."""
     if samples and isinstance(samples[0], Mapping):
-        keys = list(samples[0])
-        for i, s in enumerate(samples):
-            if list(s) != keys:
-                raise ValueError(f"time series sample {i} has parts {list(s)}; expected {keys} like sample 0")
-        return {k: stack_same([s[k] for s in samples], f"time series {k}") for k in keys}
+        return stack_parts(samples, "time series")
     return stack_same(samples, "time series")
 
 

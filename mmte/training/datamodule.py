@@ -1334,18 +1334,21 @@ class ForecastDataModule(MMTEDataModule):
         if stamps is None:
             raise ValueError(f"cycle {self.cycle_opt!r} needs timestamps to place rows in the cycle, and {where} has no time_column {self.time_column!r}; set time_column or cycle: null")
         step = int(row_spacing(stamps).astype("timedelta64[s]").astype(np.int64))
-        if isinstance(self.cycle_opt, int):
-            period = self.cycle_opt
-        else:
-            period = _duration_s(self.cycle_opt) / step
-            if period != int(period) or period < 2:
-                raise ValueError(f"cycle {self.cycle_opt!r} is {period:g} rows of {where}'s {step} s spacing; expected a whole number of rows >= 2")
-            period = int(period)
+        period = self._cycle_rows(step, where)
         phase = _phases(stamps, step, period)
         if len(np.unique(phase)) < period:
             raise ValueError(f"cycle of {period} rows: the training rows of {where} do not cover every phase of it; use a shorter cycle or a longer training part")
         level = np.stack([z[phase == k].mean(0) for k in range(period)])
         return {"period": period, "step_s": step, "level": level.tolist()}
+
+    def _cycle_rows(self, step: int, where: str) -> int:
+        """The ``cycle`` option in rows ``step`` seconds apart."""
+        if isinstance(self.cycle_opt, int):
+            return self.cycle_opt
+        period = _duration_s(self.cycle_opt) / step
+        if period != int(period) or period < 2:
+            raise ValueError(f"cycle {self.cycle_opt!r} is {period:g} rows of {where}'s {step} s spacing; expected a whole number of rows >= 2")
+        return int(period)
 
     def apply_state(self, state: Mapping[str, Any]) -> None:
         for key in ("input_len", "horizon"):
@@ -1359,23 +1362,17 @@ class ForecastDataModule(MMTEDataModule):
         self.cycle = state.get("cycle")
         same = (self.cycle is None) == (self.cycle_opt is None)
         if same and self.cycle is not None:
-            opt = self.cycle_opt
-            rows = opt if isinstance(opt, int) else _duration_s(opt) / self.cycle["step_s"]
-            same = rows == self.cycle["period"]
+            same = self._cycle_rows(self.cycle["step_s"], f"{os.fspath(self.sources['train'])!r}") == self.cycle["period"]
         if not same:
             had = f"cycle {self.cycle['period']} rows" if self.cycle else "no cycle"
             raise ValueError(f"the checkpoint's model was trained with {had}; this run has cycle {self.cycle_opt!r}; set data.init_args.cycle as it was trained")
         self.datasets.clear()
 
-    def _season_at(self, rows: np.ndarray, stamps: np.ndarray | None, spacing, n: int, where: str) -> np.ndarray:
-        """The saved cycle's level ``[len(rows), C]`` at rows of a file (rows past its end continue its spacing)."""
-        if stamps is None:
+    def _season(self, times: np.ndarray | None, where: str) -> np.ndarray:
+        """The saved cycle's level ``[len(times), C]`` at those times."""
+        if times is None:
             raise ValueError(f"{where!r} has no time_column {self.time_column!r}; the model removes a cycle, which needs each row's timestamp")
-        t = stamps.astype("datetime64[s]").astype(np.int64)
-        step = int(np.asarray(spacing, "timedelta64[s]").astype(np.int64)) if spacing is not None else self.cycle["step_s"]
-        secs = np.where(rows < n, t[np.minimum(rows, n - 1)], t[-1] + (rows - n + 1) * step)
-        phase = _phases(secs.astype("datetime64[s]"), self.cycle["step_s"], self.cycle["period"])
-        return np.asarray(self.cycle["level"], np.float64)[phase]
+        return np.asarray(self.cycle["level"], np.float64)[_phases(times, self.cycle["step_s"], self.cycle["period"])]
 
     @property
     def model_info(self) -> dict[str, Any]:
@@ -1417,11 +1414,18 @@ class ForecastDataModule(MMTEDataModule):
         self.collates = {"time_series": collate_series}
         ds = mds.arrays_dataset(np.asarray(starts, dtype=np.int64), None, "start").add_column("index", list(range(len(starts))))
 
+        where = self.sources[src_split]
+        times = None  # each row's time, then H more past the end at the file's spacing (forecasts beyond it)
+        if stamps is not None:
+            spacing, last = row_spacing(stamps), np.datetime64(stamps[-1], "s")
+            after = last + spacing * np.arange(1, H + 1) if spacing is not None else np.full(H, last)  # one row: no window anyway
+            times = np.concatenate([stamps.astype("datetime64[s]"), after])
+
         def window(t, series=series):
             return series[int(t) : int(t) + L]
 
         if self.cycle is not None:  # each window with the cycle's level at its input and forecast steps
-            level = torch.from_numpy(self._season_at(np.arange(n + H), stamps, row_spacing(stamps), n, self.sources[src_split]).astype(np.float32))
+            level = torch.from_numpy(self._season(times, where).astype(np.float32))
 
             def window(t, series=series, level=level):
                 return {"series": series[int(t) : int(t) + L], "season": level[int(t) : int(t) + L + H]}
@@ -1430,13 +1434,10 @@ class ForecastDataModule(MMTEDataModule):
             return series[int(t) + L : int(t) + L + H]
 
         self.datasets[split] = mds.lazy_preprocess(ds, {"time_series": ("start", window), "target": ("start", future)}, ("index",))
-        where = self.sources[src_split]
-        if stamps is not None:
-            spacing = row_spacing(stamps)
+        if times is not None:
 
             def stamp(r: int) -> str:
-                t = stamps[r] if r < n else stamps[-1] + (r - n + 1) * spacing
-                return str(np.datetime_as_string(np.datetime64(t, "s")))
+                return str(np.datetime_as_string(times[r]))
 
             self.names[split] = [stamp(t) for t in starts]
             self.row_info[split] = {"start_row": starts, "forecast_start": [stamp(t + L) for t in starts]}
