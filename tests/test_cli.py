@@ -215,11 +215,12 @@ KILLER = textwrap.dedent(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ema", [False, True], ids=["plain", "ema"])
+@pytest.mark.parametrize("ema", [None, "callback", "model"], ids=["plain", "ema-callback", "ema-model"])
 def test_resume_after_sigkill_matches_uninterrupted(tmp_path, ema):
     """With a frozen 'pretrained' backbone from a file, so the checkpoints resumed from are trainable-only;
-    with Lightning's EMAWeightAveraging too, whose checkpoints carry the averaged weights in ``state_dict``
-    and the live ones in ``current_model_state`` (both trainable-only; both restored on resume)."""
+    with a weight average too (Lightning's EMAWeightAveraging callback, or mmte's ``model.ema_decay``), whose
+    checkpoints carry the averaged weights in ``state_dict`` and the live ones in ``current_model_state``
+    (both trainable-only; both restored on resume)."""
     from safetensors.torch import save_file
 
     from mmte.encoders import Backbone
@@ -233,8 +234,10 @@ def test_resume_after_sigkill_matches_uninterrupted(tmp_path, ema):
               "--trainer.max_epochs", "4", "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "3",
               "--data.init_args.batch_size", "16", "--model.lr", "0.003",
               "--model.backbone_weights", str(src), "--model.freeze", "backbone"]
-    if ema:
+    if ema == "callback":
         common += ["--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging", "--trainer.callbacks.decay", "0.9"]
+    elif ema == "model":
+        common += ["--model.ema_decay", "0.9"]
 
     def run(root, *extra):
         return subprocess.run([*common, "--trainer.default_root_dir", str(root), *extra], env=env, capture_output=True, text=True, timeout=600,
@@ -251,7 +254,10 @@ def test_resume_after_sigkill_matches_uninterrupted(tmp_path, ema):
     if ema:
         live, avg = saved["current_model_state"], saved["state_dict"]
         assert set(live) == set(avg) and not any(k.startswith("model.backbone.") for k in live)
-        assert saved["averaging_state"]["n_averaged"].item() == 12  # 2 epochs x 6 steps
+        if ema == "callback":
+            assert saved["averaging_state"]["n_averaged"].item() == 12  # 2 epochs x 6 steps
+        else:
+            assert saved["mmte"]["ema"] == {"decay": 0.9, "updates": 12}
         head = next(k for k in avg if k.startswith("model.heads.") and k.endswith("weight"))
         assert not torch.equal(live[head], avg[head])  # the averaged weights are not the live ones
     assert not list((tmp_path / "b" / "checkpoints").glob(".tmp-*"))
@@ -261,6 +267,11 @@ def test_resume_after_sigkill_matches_uninterrupted(tmp_path, ema):
     assert ma["epoch"] == mb["epoch"] == 3
     for k in ("val_loss", "val_acc", "train_loss_epoch"):
         assert abs(ma[k] - mb[k]) <= 1e-6, (k, ma[k], mb[k])
+    wa, wb = (torch.load(r / "checkpoints" / "last.ckpt", weights_only=False) for r in (tmp_path / "a", tmp_path / "b"))
+    for part in ("state_dict", "current_model_state") if ema else ("state_dict",):
+        assert set(wa[part]) == set(wb[part])
+        for k, v in wa[part].items():
+            torch.testing.assert_close(wb[part][k], v, rtol=0, atol=1e-6, msg=f"{part} {k}")
 
 
 def test_entry_flags_merge_into_the_recipe_entry(capsys):

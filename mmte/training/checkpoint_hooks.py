@@ -4,7 +4,8 @@ When the frozen backbone came from a source, ``on_save_checkpoint`` drops its te
 ``checkpoint["mmte"]["frozen"]`` = {source, keys, sha256 fingerprint}; ``on_load_checkpoint`` rebuilds
 them from that source, checks the fingerprint and puts them back, so ``load_state_dict(strict=True)``
 (Lightning's resume and ``load_from_checkpoint``) sees every key. A frozen backbone without a source
-(random init) is saved. The same holds for ``checkpoint["current_model_state"]``, where Lightning's
+(random init) is saved. With ``ema_decay`` the averaged weights become ``state_dict`` and the live ones
+``current_model_state`` (:mod:`mmte.training.ema`). The same holds for ``checkpoint["current_model_state"]``, where Lightning's
 ``WeightAveraging`` callbacks (e.g. ``EMAWeightAveraging``) keep the live weights while
 ``state_dict`` carries the averaged ones. Loading also reconciles FP8 scaling state with the model being loaded and
 turns an FQN-keyed optimizer state (written under :class:`~mmte.training.strategy.MMTEStrategy`,
@@ -24,6 +25,7 @@ from lightning.pytorch import LightningModule
 
 from ..encoders import Backbone, load_state_dict_file, normalize_backbone_keys
 from ..encoders.sources import resolve_backbone_source
+from .ema import put_in_checkpoint, take_from_checkpoint
 from .portable import FLAT, optim_from_flat
 
 logger = logging.getLogger(__name__)
@@ -86,6 +88,8 @@ class CheckpointHooks:
         return normalize_backbone_keys(sd, self._full_meta().backbone.config.num_attention_heads)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if getattr(self, "_ema", None) is not None:  # averaged weights as the checkpoint's, live ones beside them
+            put_in_checkpoint(checkpoint, self._ema, self.trainer.strategy.lightning_module_state_dict)
         keys = self._frozen_backbone_keys()
         sd = checkpoint["state_dict"]
         if not keys or not sd or not all(k in sd for k in keys):
@@ -127,6 +131,11 @@ class CheckpointHooks:
         reconcile_fp8_state(checkpoint["state_dict"], self)
         if isinstance(checkpoint.get("current_model_state"), dict):
             reconcile_fp8_state(checkpoint["current_model_state"], self)
+        # the loaded weights replace the model's: a running average is stale; a resumed fit starts it again
+        # from the checkpoint's (mmte.training.ema)
+        fitting = self._trainer is not None and self._trainer.state.fn == "fit"
+        start = take_from_checkpoint(checkpoint, fitting)
+        self._ema, self._ema_start = None, (start if self.hparams.get("ema_decay") is not None else None)
         strategy = getattr(self._trainer, "strategy", None) if self._trainer is not None else None
         if mm.get("optimizer_format") == FLAT and checkpoint.get("optimizer_states") and not hasattr(strategy, "parallel_config"):
             # written under MMTEStrategy (FQN-keyed): back to positions for this single-process optimizer

@@ -51,6 +51,7 @@ from ..encoders.sources import BACKBONE_SOURCES, _load_hf_backbone, resolve_back
 from ..model import MetaTransformer
 from . import mixup
 from .checkpoint_hooks import CheckpointHooks, state_fingerprint
+from .ema import WeightEMA, check_decay
 from .metrics import PRIMARY, RecallAtOne, batch_size, head_metrics
 from .model_spec import apply_data_info, backbone_config, backbone_from_source, head_task
 from .optim import GroupSpec, adamw_warmup_cosine, param_group_spec, param_groups
@@ -112,6 +113,9 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
             draws the same dropout masks as an uninterrupted one; None: leave the RNG alone.
         mixup: Beta(alpha, alpha) parameter of mixup on the training batches (:mod:`mmte.training.mixup`:
             inputs blended with a shuffled copy of the batch, losses with the two targets); 0: off.
+        ema_decay: keep an exponential moving average of the trainable weights with this decay (e.g.
+            0.99; :mod:`mmte.training.ema`): validation runs with it, checkpoints hold it as their weights
+            and the model takes it at the end of training; None: off.
         data_info: what the data determines (classes, channels, horizon...); linked from the
             DataModule's ``model_info`` by the ``mmte`` CLI.
     """
@@ -136,6 +140,7 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
         predict_dtype: str = "auto",
         epoch_seed: int | None = 0,
         mixup: float = 0.0,
+        ema_decay: float | None = None,
         data_info: dict[str, Any] | None = None,
     ):
         super().__init__()
@@ -146,6 +151,7 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
             raise ValueError(f"predict_dtype must be 'auto', 'fp32', 'bf16' or 'fp8'; got {predict_dtype!r}")
         if not isinstance(mixup, (int, float)) or isinstance(mixup, bool) or mixup < 0:
             raise ValueError(f"mixup must be a number >= 0 (the Beta(alpha, alpha) parameter; 0: off); got {mixup!r}")
+        check_decay(ema_decay)
         if layer_decay is not None and not 0.0 < layer_decay <= 1.0:
             raise ValueError(f"layer_decay must be in (0, 1] or None; got {layer_decay!r}")
         if not isinstance(heads, Mapping) or not heads:
@@ -156,6 +162,9 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
         self.model: MetaTransformer | None = None
         self._frozen_fingerprint: str | None = None
         self._needs_reload = False
+        self._ema: WeightEMA | None = None  # the weight average while training (ema_decay)
+        self._ema_start: tuple[dict[str, torch.Tensor], int] | None = None  # a resumed run's average and update count
+        self._ema_step = -1
         # Validate the whole model description now (cheap: meta device), so a bad recipe fails
         # before anything is written or trained.
         self._full_meta()
@@ -343,6 +352,39 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
     def on_fit_start(self) -> None:
         self._reload_pretrained()
 
+    # ------------------------------------------------------------------------- weight average
+    def on_train_start(self) -> None:
+        decay = self.hparams.get("ema_decay")
+        if decay is None:
+            return
+        from lightning.pytorch.callbacks import WeightAveraging
+
+        if any(isinstance(cb, WeightAveraging) for cb in self.trainer.callbacks):
+            raise ValueError("model.ema_decay and a WeightAveraging callback both average the weights; use one of them")
+        start, updates = self._ema_start or (None, 0)
+        self._ema = WeightEMA(self, decay, start, updates)  # after the strategy sharded the parameters
+        self._ema_start, self._ema_step = None, self.trainer.global_step
+        logger.info("weight EMA: decay %g over %d trainable tensors%s", decay, len(self._ema.avg), f", resumed at {updates} updates" if start else "")
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._ema is not None and self.trainer.global_step != self._ema_step:  # an optimizer step happened
+            self._ema.update()
+            self._ema_step = self.trainer.global_step
+
+    def on_train_end(self) -> None:
+        if self._ema is not None:  # the model keeps the averaged weights (what the last checkpoint holds)
+            if not self._ema.swapped:
+                self._ema.swap()
+            self._ema = None
+
+    def _ema_eval(self, start: bool) -> None:
+        """Evaluation sees the averaged weights: swapped in at its start, out at its end."""
+        if self._ema is not None and self._ema.swapped != start:
+            self._ema.swap()
+
+    def on_validation_end(self) -> None:
+        self._ema_eval(False)
+
     def on_train_epoch_start(self) -> None:
         if self.hparams.epoch_seed is not None:
             torch.manual_seed((int(self.hparams.epoch_seed) * 1_000_003 + self.current_epoch) % (2**63))
@@ -367,12 +409,18 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
 
     def on_validation_start(self) -> None:
         self._reload_pretrained()
+        self._ema_eval(True)
 
     def on_test_start(self) -> None:
         self._reload_pretrained()
+        self._ema_eval(True)
+
+    def on_test_end(self) -> None:
+        self._ema_eval(False)
 
     def on_predict_start(self) -> None:
         self._reload_pretrained()
+        self._ema_eval(True)
         if any(type(p).__name__ == "DTensor" for p in self.model.parameters()):
             # sharded (TP/FSDP) parameters cannot be copied into a separate inference model: run the model
             # itself, in eval mode, under autocast when the inference dtype is bf16
@@ -388,6 +436,7 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
 
     def on_predict_end(self) -> None:
         object.__setattr__(self, "_inference", None)
+        self._ema_eval(False)
 
     def predict_step(self, batch: Mapping[str, Any], batch_idx: int, dataloader_idx: int = 0) -> dict[str, Any]:
         """Per-head predictions: classification ``{pred [B], prob [B, C]}``, regression/forecasting

@@ -199,6 +199,33 @@ def test_speaker_recipe_with_its_pretrained_speech_stem_trains_under_ddp_and_fsd
             assert r["trainable_abs_sums"][k] == pytest.approx(v, rel=1e-3, abs=1e-3), (frag, k)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_weight_average_under_sharding_and_pipeline_matches_one_process(tmp_path):
+    """``model.ema_decay`` on the ETTh1 recipe under fsdp, tp2 and pp2-1f1b: each rank averages its own
+    shards or stage, and the checkpoint (gathered) holds the same averaged and live weights as one
+    process's, within 1e-4 (fp32 reduction order), with 10 updates counted."""
+    from tests.conftest import need_data
+
+    need_data(ETT, "ETTh1")
+    ema = ["--model.ema_decay", "0.9"]
+    launch(1, {"one": _recipe_args("etth1_forecast", tmp_path, "one", 1) + ema}, tmp_path, 600)
+    frags = ("fsdp", "tp2", "pp2-1f1b")
+    got = launch(2, {f: _recipe_args("etth1_forecast", tmp_path, f, _dp(f)) + ema + ["--config", str(PARALLEL[f])] for f in frags}, tmp_path, 1200)
+    ref = torch.load(tmp_path / "one" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ref["mmte"]["ema"] == {"decay": 0.9, "updates": 10}
+    head = "model.heads.forecast.proj.weight"
+    assert (ref["state_dict"][head] - ref["current_model_state"][head]).abs().max() > 1e-4  # averaged != live
+    for f in frags:
+        _ok(got[f], f)
+        ck = torch.load(tmp_path / f / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+        assert ck["mmte"]["ema"] == ref["mmte"]["ema"], f
+        for part in ("state_dict", "current_model_state"):
+            assert set(ck[part]) == set(ref[part]), (f, part)
+            for k, v in ref[part].items():
+                torch.testing.assert_close(ck[part][k], v, rtol=1e-3, atol=1e-4, msg=f"{f} {part} {k}")
+
+
 def _joint_args(tmp: Path, name: str) -> list[str]:
     """The audio+image joint-fusion recipe (two tokenizers concatenated into one sequence), tiny backbone."""
     return ["--config", str(REPO / "recipes" / "audio_image_joint.yaml"), "--precision", "32-true",
