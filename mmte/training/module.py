@@ -22,6 +22,8 @@ What it adds to the model:
   ``{stage}_{head}_{metric}`` with several; :attr:`primary_metric` says which one to monitor.
 * **Optimisation**: AdamW over the trainable parameters with decay-free norms and embeddings, optional
   layer-wise learning-rate decay, warm-up then cosine (:mod:`mmte.training.optim`).
+* **Weight average** (``ema_decay``): an EMA of the trainable weights, made after sharding, used for
+  validation/test/predict and saved as the checkpoint's weights (:mod:`mmte.training.ema`).
 * **Checkpoints** that hold only the trainable part when the frozen backbone came from a source,
   with a fingerprint checked on load (:mod:`mmte.training.checkpoint_hooks`).
 * **Inference**: ``predict_step`` runs :meth:`MetaTransformer.inference` (:mod:`mmte.inference`): an

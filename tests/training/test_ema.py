@@ -47,7 +47,7 @@ def _fit(tmp_path: Path, *extra: str):
     need_data(ETT, "ETTh1")
     args = ["fit", "--config", str(RECIPE), "--data.init_args.path", str(ETT), "--model.backbone", "{preset: tiny, num_layers: 2}",
             "--data.init_args.train_step", "16", "--data.init_args.eval_step", "48", "--trainer.max_epochs", "2",
-            "--trainer.limit_train_batches", "5", "--model.ema_decay", "0.8", "--model.lr", "0.01", "--model.warmup", "0", *FAST, "--trainer.default_root_dir", str(tmp_path / "run"), *extra]
+            "--trainer.limit_train_batches", "5", "--trainer.val_check_interval", "1.0", "--model.ema_decay", "0.8", "--model.lr", "0.01", "--model.warmup", "0", *FAST, "--trainer.default_root_dir", str(tmp_path / "run"), *extra]
     cli = MMTECLI(args=args)
     naive = next(cb for cb in cli.trainer.callbacks if isinstance(cb, NaiveEMA))
     return cli, naive
