@@ -29,6 +29,18 @@ from torch import nn
 __all__ = ["WeightEMA", "check_decay", "put_in_checkpoint", "take_from_checkpoint"]
 
 
+def _fsdp_module_type() -> tuple[type, ...]:
+    """FSDP2's module class (its place moved between torch releases), or none."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        try:
+            from torch.distributed._composable.fsdp import FSDPModule
+        except ImportError:
+            return ()
+    return (FSDPModule,)
+
+
 def check_decay(decay) -> float | None:
     """``ema_decay`` as given, checked: None (off) or a number in (0, 1)."""
     if decay is None:
@@ -56,6 +68,15 @@ class WeightEMA:
 
         self.decay, self.updates = check_decay(decay), int(updates)
         self.names, self.params, self.avg = [], [], []
+        # FSDP2 trees: a unit left gathered after a forward registers its gathered parameters; brought back to
+        # the sharded state, the module holds its persistent sharded parameters, which are what is averaged
+        kind = _fsdp_module_type()
+        named = [(n, m) for n, m in module.named_modules() if isinstance(m, kind)]
+        self._fsdp_roots = [m for n, m in named if not any(o != n and (o == "" or n.startswith(f"{o}.")) for o, _ in named)]
+        if self._fsdp_roots and not hasattr(self._fsdp_roots[0], "reset_iter_state"):
+            raise RuntimeError(f"ema_decay under FSDP2 needs FSDPModule.reset_iter_state (torch {torch.__version__} lacks it); "
+                               "use the torch of constraints.txt, or train without ema_decay")
+        self._reshard()
         with torch.no_grad():
             for name, p in module.named_parameters():
                 if not p.requires_grad or p.numel() == 0:
@@ -67,6 +88,18 @@ class WeightEMA:
                 self.params.append(p)
                 self.avg.append(a)
         self.swapped = False  # True while the averaged weights are in the parameters
+
+    def _reshard(self) -> None:
+        """Bring every FSDP2 tree back to its clean between-steps state (pending all-gathers dropped, all
+        parameters sharded), so that the next forward gathers the values the sharded parameters hold now.
+        Without it a unit that keeps its gathered parameters after forward (the root, mmte's last unit) keeps
+        what an evaluation forward gathered, and the next training step would run on the averaged weights
+        (tests/parallel/test_composition.py caught this: fsdp's losses left one process's after a validation)."""
+        for m in self._fsdp_roots:
+            try:
+                m.reset_iter_state()
+            except AttributeError:  # no forward yet: the communication state is made lazily, nothing is gathered
+                pass
 
     def current_decay(self) -> float:
         n = self.updates
@@ -86,6 +119,7 @@ class WeightEMA:
     def swap(self) -> None:
         """Exchange the parameters' values with the averaged ones (in place: sharded parameters stay
         the tensors their runtime registered)."""
+        self._reshard()  # first: whatever an FSDP unit gathered is dropped, the next forward gathers the new values
         for a, p in zip(self.avg, self.params):
             tmp = p.detach().clone()
             p.copy_(a)

@@ -166,7 +166,6 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
         self._needs_reload = False
         self._ema: WeightEMA | None = None  # the weight average while training (ema_decay)
         self._ema_start: tuple[dict[str, torch.Tensor], int] | None = None  # a resumed run's average and update count
-        self._ema_step = -1
         # Validate the whole model description now (cheap: meta device), so a bad recipe fails
         # before anything is written or trained.
         self._full_meta()
@@ -365,15 +364,16 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
             raise ValueError("model.ema_decay and a WeightAveraging callback both average the weights; use one of them")
         start, updates = self._ema_start or (None, 0)
         self._ema = WeightEMA(self, decay, start, updates)  # after the strategy sharded the parameters
-        self._ema_start, self._ema_step = None, self.trainer.global_step
-        logger.info("weight EMA: decay %g over %d trainable tensors%s", decay, len(self._ema.avg), f", resumed at {updates} updates" if start else "")
-
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self._ema is not None and self.trainer.global_step != self._ema_step:  # an optimizer step happened
-            self._ema.update()
-            self._ema_step = self.trainer.global_step
+        self._ema_start = None
+        # updated by the optimizer step itself, so that a checkpoint written by a callback at this step's end
+        # (SIGTERM, every-n-steps) already holds it; a skipped step (AMP overflow) does not count
+        ema = self._ema
+        self._ema_hooks = [getattr(o, "_optimizer", o).register_step_post_hook(lambda *_: ema.update()) for o in self.trainer.optimizers]
+        logger.info("weight EMA: decay %g over %d trainable tensors%s", decay, len(ema.avg), f", resumed at {updates} updates" if start else "")
 
     def on_train_end(self) -> None:
+        for h in self.__dict__.pop("_ema_hooks", []):
+            h.remove()
         if self._ema is not None:  # the model keeps the averaged weights (what the last checkpoint holds)
             if not self._ema.swapped:
                 self._ema.swap()

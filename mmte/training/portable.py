@@ -26,9 +26,12 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FLAT", "consolidate", "gather_full", "is_flat", "optim_from_flat", "optim_to_flat"]
+__all__ = ["FLAT", "LIVE", "consolidate", "gather_full", "is_flat", "optim_from_flat", "optim_to_flat"]
 
 FLAT = "fqn-flat"  # checkpoint["mmte"]["optimizer_format"] of FQN-keyed optimizer states
+# in a distributed (DCP) checkpoint the live weights beside averaged ones (checkpoint["current_model_state"],
+# mmte.training.ema) travel as state_dict entries under this prefix, so that they are saved as shards too
+LIVE = "current_model_state/"
 
 
 def is_flat(state: Mapping[str, Any]) -> bool:
@@ -145,7 +148,11 @@ def consolidate(folder: str | os.PathLike, out: str | os.PathLike | None = None)
         full = torch.load(full_file, weights_only=False, map_location="cpu")
     meta_file = folder / "meta.pt"
     ckpt: dict[str, Any] = torch.load(meta_file, weights_only=False, map_location="cpu") if meta_file.is_file() else {}
-    ckpt["state_dict"] = full.pop("state_dict")
+    sd = full.pop("state_dict")
+    live = {k[len(LIVE):]: v for k, v in sd.items() if k.startswith(LIVE)}
+    ckpt["state_dict"] = {k: v for k, v in sd.items() if not k.startswith(LIVE)}
+    if live:
+        ckpt["current_model_state"] = live
     optim = [full[k] for k in sorted(full) if k.startswith("optimizer_")]
     if optim:
         ckpt["optimizer_states"] = [_flat_optimizer(o) for o in optim]

@@ -46,7 +46,7 @@ from .. import device as mdevice
 from ..parallel import DDPConfig, FSDPConfig, ParallelConfig, ParallelDims, amax_group, build_mesh, dp_mesh, parallelize
 from ..parallel.pipeline import forward_only, microbatches_for, stages_per_rank
 from ..parallel.tp import find_backbones
-from .portable import FLAT, consolidate, gather_full, is_flat, optim_from_flat, optim_to_flat
+from .portable import FLAT, LIVE, consolidate, gather_full, is_flat, optim_from_flat, optim_to_flat
 
 logger = logging.getLogger(__name__)
 
@@ -290,6 +290,11 @@ class MMTEStrategy(ModelParallelStrategy):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
         checkpoint.setdefault("mmte", {}).update(optimizer_format=FLAT, layout=self.dims.sizes())
+        if self._save_distributed_checkpoint and isinstance(checkpoint.get("current_model_state"), dict):
+            # Lightning saves only state_dict and the optimizer states as shards (the rest is rank 0's meta.pt):
+            # the live weights beside averaged ones go with state_dict; consolidate() takes them out again
+            live = checkpoint.pop("current_model_state")
+            checkpoint["state_dict"] = {**checkpoint["state_dict"], **{f"{LIVE}{k}": v for k, v in live.items()}}
         super().save_checkpoint(checkpoint, filepath, storage_options)
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:

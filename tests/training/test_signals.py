@@ -67,18 +67,32 @@ def _fit(env, root: Path, *extra: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(env, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("a") / "run"
-    p = _fit(env, root)
-    assert p.returncode == 0, p.stderr[-2000:]
-    return root
+def uninterrupted(env, tmp_path_factory):
+    """The uninterrupted run's folder for a list of extra arguments (each run once per module)."""
+    runs: dict[tuple[str, ...], Path] = {}
+
+    def get(*extra: str) -> Path:
+        if extra not in runs:
+            root = tmp_path_factory.mktemp("a") / "run"
+            p = _fit(env, root, *extra)
+            assert p.returncode == 0, p.stderr[-2000:]
+            runs[extra] = root
+        return runs[extra]
+
+    return get
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig,step,code", [(signal.SIGTERM, 4, 143), (signal.SIGINT, 6, 130)], ids=["sigterm-mid-epoch", "sigint-epoch-end"])
-def test_signal_saves_and_resume_matches_uninterrupted(env, uninterrupted, tmp_path, sig, step, code):
+@pytest.mark.parametrize("sig,step,code,extra", [(signal.SIGTERM, 4, 143, ()), (signal.SIGINT, 6, 130, ()),
+                                                 (signal.SIGTERM, 4, 143, ("--model.ema_decay", "0.9"))],
+                         ids=["sigterm-mid-epoch", "sigint-epoch-end", "sigterm-mid-epoch-ema"])
+def test_signal_saves_and_resume_matches_uninterrupted(env, uninterrupted, tmp_path, sig, step, code, extra):
+    """With ``ema_decay`` the checkpoint written at the signal holds the average of all ``step`` updates (the
+    average is updated by the optimizer step, before the callbacks that save see the step) and the resumed
+    run ends with the same averaged and live weights."""
+    uninterrupted = uninterrupted(*extra)
     root = tmp_path / "run"
-    cmd = [sys.executable, "-m", "mmte", "fit", *ARGS, "--trainer.default_root_dir", str(root), "--trainer.callbacks+=marker.SignalAt",
+    cmd = [sys.executable, "-m", "mmte", "fit", *ARGS, *extra, "--trainer.default_root_dir", str(root), "--trainer.callbacks+=marker.SignalAt",
            "--trainer.callbacks.step", str(step)]
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -101,15 +115,18 @@ def test_signal_saves_and_resume_matches_uninterrupted(env, uninterrupted, tmp_p
     loader = saved["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
     assert (loader["epoch"], loader["batches"]) == ((0, 4) if step == 4 else (1, 0))
     assert saved["mmte_resume"]["mid_epoch"] is (step == 4)
+    if extra:
+        assert saved["mmte"]["ema"] == {"decay": 0.9, "updates": step}
 
-    resumed = _fit(env, root, "--ckpt_path", "last")
+    resumed = _fit(env, root, *extra, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     a = torch.load(uninterrupted / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     b = torch.load(ck / "last.ckpt", map_location="cpu", weights_only=True)
     assert a["global_step"] == b["global_step"] == 12
-    assert set(a["state_dict"]) == set(b["state_dict"])
-    diff = max((a["state_dict"][k].double() - b["state_dict"][k].double()).abs().max().item() for k in a["state_dict"])
-    assert diff <= 1e-6, diff
+    for part in ("state_dict", "current_model_state") if extra else ("state_dict",):
+        assert set(a[part]) == set(b[part])
+        diff = max((a[part][k].double() - b[part][k].double()).abs().max().item() for k in a[part])
+        assert diff <= 1e-6, (part, diff)
     ma, mb = _last_metrics(uninterrupted), _last_metrics(root)
     assert ma["epoch"] == mb["epoch"] == 1
     for k in ("val_loss", "val_acc", "train_loss_epoch"):
