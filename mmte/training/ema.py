@@ -21,10 +21,13 @@ in the model and the averaged ones back in the average, so a killed run goes on 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator, Mapping
 
 import torch
 from torch import nn
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["WeightEMA", "check_decay", "put_in_checkpoint", "take_from_checkpoint"]
 
@@ -88,6 +91,11 @@ class WeightEMA:
                 self.params.append(p)
                 self.avg.append(a)
         self.swapped = False  # True while the averaged weights are in the parameters
+        if start is not None:
+            missing = [n for n in self.names if n not in start]
+            if missing:
+                logger.warning("weight EMA: the checkpoint's average lacks %d tensors (%s...); they start from the live weights",
+                               len(missing), ", ".join(missing[:3]))
 
     def _reshard(self) -> None:
         """Bring every FSDP2 tree back to its clean between-steps state (pending all-gathers dropped, all
