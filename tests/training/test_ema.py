@@ -129,3 +129,28 @@ def test_bad_ema_decay_through_the_cli_is_one_line_error(tmp_path, capsys):
 def test_ema_decay_and_a_weight_averaging_callback_are_refused_together(tmp_path):
     with pytest.raises(ValueError, match="use one of them"):
         _fit(tmp_path, "--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging")
+
+
+def test_ema_with_lora_and_fp8_on_the_quickstart(tmp_path):
+    """The weight average combined with LoRA adapters and FP8 (delayed scaling, emulated on the CPU) on the
+    quickstart: the checkpoint's averaged and live weights both hold the LoRA tensors (and only trainable
+    tensors where the frozen backbone has a source), the adapters moved, and the average differs from them."""
+    from tests.conftest import need_data
+
+    need_data(ROOT / ".." / "shared" / "data" / "fsdd" / "recordings", "FSDD recordings")
+    args = ["fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"), "--config", str(ROOT / "configs" / "models" / "lora.yaml"),
+            "--config", str(ROOT / "configs" / "precision" / "fp8-delayed.yaml"), "--model.ema_decay", "0.5", "--model.lr", "0.01",
+            "--trainer.max_steps", "4", "--trainer.limit_val_batches", "1", "--data.init_args.batch_size", "16", *FAST,
+            "--trainer.default_root_dir", str(tmp_path / "run")]
+    cli = MMTECLI(args=args)
+    ck = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ck["mmte"]["ema"] == {"decay": 0.5, "updates": 4}
+    avg, live = ck["state_dict"], ck["current_model_state"]
+    lora_b = [k for k in avg if k.endswith(".lora.B")]
+    assert lora_b and set(avg) == set(live)
+    assert "frozen" in ck["mmte"] and not any(k in avg for k in ck["mmte"]["frozen"]["keys"])  # trainable-only, both sets
+    assert all(float(live[k].abs().sum()) > 0 for k in lora_b)  # the adapters trained (B starts at zero)
+    assert any(not torch.equal(avg[k], live[k]) for k in lora_b)
+    own = dict(cli.model.named_parameters())
+    for k in lora_b:  # the model ends with the average
+        torch.testing.assert_close(own[k].detach(), avg[k], rtol=0, atol=0)
