@@ -74,9 +74,8 @@ class WeightEMA:
         # FSDP2 trees: a unit left gathered after a forward registers its gathered parameters; brought back to
         # the sharded state, the module holds its persistent sharded parameters, which are what is averaged
         kind = _fsdp_module_type()
-        named = [(n, m) for n, m in module.named_modules() if isinstance(m, kind)]
-        self._fsdp_roots = [m for n, m in named if not any(o != n and (o == "" or n.startswith(f"{o}.")) for o, _ in named)]
-        if self._fsdp_roots and not hasattr(self._fsdp_roots[0], "reset_iter_state"):
+        self._fsdp = [m for m in module.modules() if isinstance(m, kind)] if kind else []
+        if self._fsdp and not hasattr(self._fsdp[0], "reset_iter_state"):
             raise RuntimeError(f"ema_decay under FSDP2 needs FSDPModule.reset_iter_state (torch {torch.__version__} lacks it); "
                                "use the torch of constraints.txt, or train without ema_decay")
         self._reshard()
@@ -103,11 +102,11 @@ class WeightEMA:
         Without it a unit that keeps its gathered parameters after forward (the root, mmte's last unit) keeps
         what an evaluation forward gathered, and the next training step would run on the averaged weights
         (tests/parallel/test_composition.py caught this: fsdp's losses left one process's after a validation)."""
-        for m in self._fsdp_roots:
-            try:
+        for m in self._fsdp:
+            # FSDP picks its roots at the first forward (under pipeline parallelism not the outermost module):
+            # before that nothing is gathered; after it, resetting a root resets the units under it
+            if getattr(m._get_fsdp_state(), "_is_root", None):
                 m.reset_iter_state()
-            except AttributeError:  # no forward yet: the communication state is made lazily, nothing is gathered
-                pass
 
     def current_decay(self) -> float:
         n = self.updates
