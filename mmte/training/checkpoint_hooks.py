@@ -4,10 +4,9 @@ When the frozen backbone came from a source, ``on_save_checkpoint`` drops its te
 ``checkpoint["mmte"]["frozen"]`` = {source, keys, sha256 fingerprint}; ``on_load_checkpoint`` rebuilds
 them from that source, checks the fingerprint and puts them back, so ``load_state_dict(strict=True)``
 (Lightning's resume and ``load_from_checkpoint``) sees every key. A frozen backbone without a source
-(random init) is saved. With ``ema_decay`` the averaged weights become ``state_dict`` and the live ones
-``current_model_state`` (:mod:`mmte.training.ema`). The same holds for ``checkpoint["current_model_state"]``, where Lightning's
-``WeightAveraging`` callbacks (e.g. ``EMAWeightAveraging``) keep the live weights while
-``state_dict`` carries the averaged ones. Loading also reconciles FP8 scaling state with the model being loaded and
+(random init) is saved. The same holds for ``checkpoint["current_model_state"]``, where ``ema_decay``
+(:mod:`mmte.training.ema`) and Lightning's ``WeightAveraging`` callbacks (e.g. ``EMAWeightAveraging``) keep
+the live weights while ``state_dict`` carries the averaged ones. Loading also reconciles FP8 scaling state with the model being loaded and
 turns an FQN-keyed optimizer state (written under :class:`~mmte.training.strategy.MMTEStrategy`,
 :mod:`mmte.training.portable`) back into torch's positional one for a single-process run.
 """

@@ -166,6 +166,7 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
         self._needs_reload = False
         self._ema: WeightEMA | None = None  # the weight average while training (ema_decay)
         self._ema_start: tuple[dict[str, torch.Tensor], int] | None = None  # a resumed run's average and update count
+        self._ema_hooks: list = []  # the optimizer step hooks that update it
         # Validate the whole model description now (cheap: meta device), so a bad recipe fails
         # before anything is written or trained.
         self._full_meta()
@@ -372,8 +373,9 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
         logger.info("weight EMA: decay %g over %d trainable tensors%s", decay, len(ema.avg), f", resumed at {updates} updates" if start else "")
 
     def on_train_end(self) -> None:
-        for h in self.__dict__.pop("_ema_hooks", []):
+        for h in self._ema_hooks:
             h.remove()
+        self._ema_hooks = []
         if self._ema is not None:  # the model keeps the averaged weights (what the last checkpoint holds)
             if not self._ema.swapped:
                 self._ema.swap()
