@@ -234,19 +234,19 @@ class CPUInfo:
         return "plain"
 
 
-def parse_cpuinfo(text: str) -> tuple[str, set[str], int | None]:
+def parse_cpuinfo(text: str, allowed: set[int] | None = None) -> tuple[str, set[str], int | None]:
     """``(model name, flags, physical cores)`` from the text of ``/proc/cpuinfo``.
 
-    Physical cores are the distinct ``(physical id, core id)`` pairs; None when the file has no
-    topology (some VMs, non-x86 kernels).
+    Physical cores are the distinct ``(physical id, core id)`` pairs of the processors in ``allowed``
+    (all of them when None); None when the file has no topology (some VMs, non-x86 kernels).
     """
     model, flags, cores = "", set(), set()
-    phys = core = None
+    cpu = phys = core = None
     for line in text.splitlines() + [""]:
         if not line.strip():  # end of one processor's block
-            if core is not None:
+            if core is not None and (allowed is None or cpu in allowed):
                 cores.add((phys, core))
-            phys = core = None
+            cpu = phys = core = None
             continue
         key, _, value = line.partition(":")
         key, value = key.strip(), value.strip()
@@ -254,6 +254,8 @@ def parse_cpuinfo(text: str) -> tuple[str, set[str], int | None]:
             model = value
         elif key in ("flags", "Features") and not flags:
             flags = set(value.split())
+        elif key == "processor" and value.isdigit():
+            cpu = int(value)
         elif key == "physical id":
             phys = value
         elif key == "core id":
@@ -261,11 +263,12 @@ def parse_cpuinfo(text: str) -> tuple[str, set[str], int | None]:
     return model, flags, (len(cores) or None)
 
 
-def _affinity() -> int:
+def _affinity() -> set[int]:
+    """The processors this process may run on."""
     try:
-        return len(os.sched_getaffinity(0))
+        return set(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - non-Linux
-        return os.cpu_count() or 1
+        return set(range(os.cpu_count() or 1))
 
 
 @functools.cache
@@ -274,12 +277,16 @@ def cpu_info(path: str = "/proc/cpuinfo") -> CPUInfo:
     text = ""
     with contextlib.suppress(OSError), open(path) as f:
         text = f.read()
-    model, flags, physical = parse_cpuinfo(text)
+    allowed = _affinity()
+    # the cores of the processors this process may run on; a saved file describing other processors counts them all
+    model, flags, physical = parse_cpuinfo(text, allowed)
+    if physical is None:
+        physical = parse_cpuinfo(text)[2]
     try:
         capability = str(torch.backends.cpu.get_cpu_capability())
     except Exception:  # noqa: BLE001  # pragma: no cover - very old torch
         capability = "unknown"
-    logical = _affinity()
+    logical = len(allowed)
     physical = min(physical or logical, logical)
     return CPUInfo(
         model=model or platform.processor() or platform.machine(),

@@ -89,6 +89,9 @@ def test_parse_cpuinfo_counts_physical_cores_once():
     assert {"avx2", "fma"} <= flags and "avx512_bf16" not in flags
     assert physical == 4
     assert device.parse_cpuinfo("processor : 0\nflags : neon\n") == ("", {"neon"}, None)
+    # only the processors this process may run on: 0-3 are the hyper-thread pairs of socket 0's two cores
+    assert device.parse_cpuinfo(text, allowed={0, 1})[2] == 1
+    assert device.parse_cpuinfo(text, allowed={0, 2, 4})[2] == 3
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,8 @@
 """How many CPU threads torch's intra-op pool uses in an ``mmte`` run.
 
 torch starts with one thread per *logical* CPU. On a machine with hyper-threads, or when several
-processes share it (distributed ranks, other jobs), that oversubscribes the cores: on a busy 2-core
-machine two threads ran 12x slower than one. ``mmte fit/validate/test/predict`` therefore set the pool
+processes share it (distributed ranks, other jobs), that oversubscribes the cores, and an OpenMP team
+waiting on a descheduled thread stalls every op. ``mmte fit/validate/test/predict`` therefore set the pool
 to the machine's *physical* cores (those this process may run on), split between the distributed
 ranks on this machine, before the Trainer is built, and log the choice in the run's header.
 
@@ -17,38 +17,18 @@ import os
 
 import torch
 
+from ..device import cpu_info
+
 logger = logging.getLogger("mmte")
 
 __all__ = ["choose_threads", "local_ranks", "physical_cores", "set_threads"]
 
 
 def physical_cores() -> int:
-    """Physical CPU cores this process may run on.
-
-    Counts distinct (package, core) pairs of the CPUs in the process's affinity mask from
-    ``/proc/cpuinfo`` (Linux); elsewhere, or when that fails, the number of usable logical CPUs.
-    """
-    try:
-        allowed = set(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        allowed = set(range(os.cpu_count() or 1))
-    try:
-        cores, cpu, pkg = set(), None, "0"
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, val = line.partition(":")
-                key, val = key.strip(), val.strip()
-                if key == "processor":
-                    cpu, pkg = int(val), "0"
-                elif key == "physical id":
-                    pkg = val
-                elif key == "core id" and cpu in allowed:
-                    cores.add((pkg, val))
-        if cores:
-            return len(cores)
-    except (OSError, ValueError):
-        pass
-    return max(1, len(allowed))
+    """Physical CPU cores this process may run on (hyper-threads counted once), as
+    :func:`mmte.device.cpu_info` reads them from ``/proc/cpuinfo`` and the affinity mask; elsewhere, the
+    number of usable logical CPUs."""
+    return cpu_info().physical_cores
 
 
 def local_ranks(devices: object = None, accelerator: object = None) -> int:
