@@ -57,7 +57,6 @@ from .ema import WeightEMA, check_decay
 from .metrics import PRIMARY, RecallAtOne, batch_size, head_metrics
 from .model_spec import apply_data_info, backbone_config, backbone_from_source, head_task
 from .optim import GroupSpec, adamw_warmup_cosine, param_group_spec, param_groups
-from .optim import warmup_cosine as _warmup_cosine  # noqa: F401 (the old private name)
 from .pipeline_hooks import PipelineHooks
 
 logger = logging.getLogger(__name__)

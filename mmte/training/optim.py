@@ -4,7 +4,14 @@ AdamW over the trainable parameters only, no weight decay on norms, biases, embe
 (position/cls/modality/register tokens) and other 1-d parameters, optional layer-wise learning-rate
 decay (the last backbone layer gets ``lr``, layer ``i`` of ``L`` ``lr * decay**(L - 1 - i)``,
 tokenizers ``lr * decay**L``, heads ``lr``), and a per-step schedule: linear warm-up then cosine
-decay to ``min_lr_ratio * lr``.
+decay to ``min_lr_ratio`` times each group's peak.
+
+The schedule is torch's ``LambdaLR`` with the closed-form multiplier :func:`warmup_cosine`. torch's
+``SequentialLR(LinearLR, CosineAnnealingLR)`` gives the same values for a single group, but
+``CosineAnnealingLR`` takes one absolute ``eta_min`` for every group, so groups with their own peaks
+(layer decay, LoRA's ``lr_scale``) would all end at the same learning rate instead of at
+``min_lr_ratio`` of theirs; it also stores ``T_max`` in its state, so a resumed run with more steps
+would keep the old horizon. ``LambdaLR``'s state (the step count) is what Lightning saves and restores.
 """
 
 from __future__ import annotations
@@ -64,7 +71,8 @@ def param_groups(spec: GroupSpec, lr: float, weight_decay: float) -> list[dict[s
 
 
 def warmup_cosine(step: int, warmup: int, total: int, floor: float) -> float:
-    """Learning-rate multiplier: linear 1/warmup .. 1 over ``warmup`` steps, then cosine to ``floor``."""
+    """Learning-rate multiplier at ``step`` (0-based): linear ``1/warmup .. 1`` over the first ``warmup``
+    steps, then cosine from 1 to ``floor`` at ``total``, and ``floor`` after it."""
     if warmup > 0 and step < warmup:
         return (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))

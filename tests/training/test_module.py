@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import save_file
 
 from mmte.encoders import Backbone
-from mmte.training.module import MMTEModule, RecallAtOne, _warmup_cosine, apply_data_info
+from mmte.training.module import MMTEModule, RecallAtOne, apply_data_info
+from mmte.training.optim import adamw_warmup_cosine, warmup_cosine
 
 TOKS = {"image": {"name": "image", "img_size": 8, "patch_size": 4, "in_chans": 1}}
 HEADS = {"digit": {"name": "classification", "pool": "mean"}}
@@ -61,9 +62,48 @@ def test_warmup_cosine_matches_torch_schedulers():
         milestones=[warm],
     )
     for step in range(total):
-        assert math.isclose(opt.param_groups[0]["lr"], lr * _warmup_cosine(step, warm, total, floor), rel_tol=1e-6), step
+        assert math.isclose(opt.param_groups[0]["lr"], lr * warmup_cosine(step, warm, total, floor), rel_tol=1e-6), step
         opt.step()
         ref.step()
+
+
+def _naive_lr(peak: float, step: int, warm: int, total: int, floor: float) -> float:
+    """The schedule written out: linear warm-up to ``peak``, cosine to ``floor * peak`` at ``total``, flat after."""
+    if step < warm:
+        return peak * (step + 1) / warm
+    t = min(step - warm, total - warm) / (total - warm)
+    return floor * peak + (peak - floor * peak) * (1 + math.cos(math.pi * t)) / 2
+
+
+@pytest.mark.parametrize("warmup", [0, 1, 5, 0.25])
+def test_schedule_matches_the_naive_formula_per_group_and_resumes(warmup):
+    """Every group (own peak: layer decay, LoRA) follows warm-up + cosine to min_lr_ratio of its peak, past
+    ``total`` too; a scheduler rebuilt from a state_dict (Lightning's resume) continues at the same step."""
+    lr, total, floor = 0.1, 40, 0.1
+    warm = round(warmup * total) if isinstance(warmup, float) else warmup
+
+    def build():
+        ps = [torch.nn.Parameter(torch.zeros(1)) for _ in range(2)]
+        groups = [{"params": [ps[0]], "lr": lr, "lr_scale": 1.0}, {"params": [ps[1]], "lr": lr * 0.25, "lr_scale": 0.25}]
+        return adamw_warmup_cosine(groups, lr, (0.9, 0.999), 0.0, warmup, total, floor)
+
+    cfg = build()
+    opt, sched = cfg["optimizer"], cfg["lr_scheduler"]["scheduler"]
+    assert cfg["lr_scheduler"]["interval"] == "step"
+    for step in range(total + 3):
+        for g, peak in zip(opt.param_groups, (lr, lr * 0.25)):
+            assert math.isclose(g["lr"], _naive_lr(peak, step, warm, total, floor), rel_tol=1.3e-6, abs_tol=1e-12), (step, peak)
+        if step == 17:
+            state = sched.state_dict()
+        opt.step()
+        sched.step()
+    again = build()
+    again["lr_scheduler"]["scheduler"].load_state_dict(state)
+    assert again["lr_scheduler"]["scheduler"].last_epoch == 17
+    again["optimizer"].step()
+    again["lr_scheduler"]["scheduler"].step()
+    for g, peak in zip(again["optimizer"].param_groups, (lr, lr * 0.25)):
+        assert math.isclose(g["lr"], _naive_lr(peak, 18, warm, total, floor), rel_tol=1.3e-6)
 
 
 def test_param_groups_decay_and_layer_decay():
