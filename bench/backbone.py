@@ -42,7 +42,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mmte import device as mdev
 from mmte.encoders import from_timm
-from mmte.training.allocator import keep_heap
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 VARIANTS = ("timm_eager", "timm_compile", "timm_bf16_autocast", "mmte_eager", "mmte_fused", "mmte_bf16")
@@ -233,7 +232,6 @@ def main() -> None:
     args.dtype = args.dtype or ("fp32" if args.device == "cpu" else "bf16")
     if args.threads:
         torch.set_num_threads(args.threads)
-    heap = keep_heap()  # as `mmte fit/predict` run (MMTE_MALLOC=0: glibc's defaults), for every variant alike
     args.variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
@@ -248,7 +246,7 @@ def main() -> None:
     dev = torch.device(args.device)
     dtype = DTYPES[args.dtype]
     where = mdev.describe() if dev.type == "cpu" else f"device={mdev.info(dev).name}"
-    print(f"{where}; {args.device}, dtype={args.dtype}, torch threads={torch.get_num_threads()}, batch={args.batch}; allocator: {heap}")
+    print(f"{where}; {args.device}, dtype={args.dtype}, torch threads={torch.get_num_threads()}, batch={args.batch}")
     report = []
     for name in args.configs.split(","):
         base = SHAPES[name]

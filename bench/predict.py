@@ -46,7 +46,6 @@ sys.path.insert(0, str(ROOT))
 
 from mmte import device as mdev
 from mmte.inference import optimize, resolve_dtype
-from mmte.training.allocator import keep_heap
 
 MODELS = ("vit-s16", "quickstart")
 
@@ -245,11 +244,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown model(s) {bad}; choose from {list(MODELS)}")
     if a.threads:
         torch.set_num_threads(a.threads)
-    heap = keep_heap()  # as `mmte fit/predict` run (MMTE_MALLOC=0: glibc's defaults), for every variant alike
     if a.dry_run:
         a.batch_sizes, a.rounds, a.iters, a.warmup, a.no_compile = [2], 1, 1, 1, True
     header = mdev.describe()
-    print(f"{header}; mmte inference dtype {a.dtype} -> {resolve_dtype(a.dtype)}; torch {torch.__version__}; allocator: {heap}")
+    print(f"{header}; mmte inference dtype {a.dtype} -> {resolve_dtype(a.dtype)}; torch {torch.__version__}")
     rows = []
     for m in models:
         rows += run_model(m, a)
@@ -261,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     if not a.dry_run:
         os.makedirs(os.path.dirname(a.out), exist_ok=True)
         meta = {"command": "python bench/predict.py " + " ".join(sys.argv[1:] if argv is None else argv), "machine": header,
-                "cpu_flags": list(mdev.cpu_info().flags), "torch": torch.__version__, "threads": torch.get_num_threads(), "allocator": heap}
+                "cpu_flags": list(mdev.cpu_info().flags), "torch": torch.__version__, "threads": torch.get_num_threads()}
         Path(a.out).write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
         print(f"\nwrote {a.out}")
     return 0

@@ -54,7 +54,7 @@ def worker(out: str, args: list[str], warmup: int) -> None:
     import torch
     from lightning.pytorch import Callback
 
-    from mmte.cli import _cli_class
+    from mmte.cli import MMTECLI
 
     torch.set_num_threads(1)
 
@@ -75,7 +75,7 @@ def worker(out: str, args: list[str], warmup: int) -> None:
                 self.times.append(time.perf_counter() - self.t0)
 
     timer = Timer()
-    cli = _cli_class()(args=args, run=False, trainer_defaults={"callbacks": [timer]})
+    cli = MMTECLI(args=args, run=False, trainer_defaults={"callbacks": [timer]})
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     peak = (_hwm_kib() - timer.base) / 1024
     res = {"step_s": statistics.median(timer.times), "peak_mib": peak}

@@ -293,25 +293,25 @@ def test_command_line_trainer_precision_wins_over_the_recipe():
     """A recipe's ``precision: auto`` must not override ``--trainer.precision`` given on the command line."""
     from jsonargparse import Namespace
 
-    from mmte.cli import _resolve_precision
+    from mmte.cli.fit import resolve_precision
     from mmte.errors import UsageError
 
     def cfg(trainer_precision):
         return Namespace(precision="auto", trainer=Namespace(precision=trainer_precision, plugins=None, accelerator="cpu"))
 
     c = cfg("32-true")
-    _resolve_precision(c, ["fit", "--config", "r.yaml", "--trainer.precision", "32-true"])
+    resolve_precision(c, ["fit", "--config", "r.yaml", "--trainer.precision", "32-true"])
     assert c.trainer.precision == "32-true"
     c = cfg("bf16-mixed")
-    _resolve_precision(c, ["fit", "--trainer.precision=bf16-mixed"])
+    resolve_precision(c, ["fit", "--trainer.precision=bf16-mixed"])
     assert c.trainer.precision == "bf16-mixed"
     c = cfg(None)  # no explicit trainer.precision: the recipe's precision decides
-    _resolve_precision(c, ["fit", "--config", "r.yaml"])
+    resolve_precision(c, ["fit", "--config", "r.yaml"])
     assert c.trainer.precision in ("32-true", "bf16-mixed")
     with pytest.raises(UsageError, match=r"--precision 16-mixed and --trainer.precision 32-true disagree"):
         c = cfg("32-true")
         c.precision = "16-mixed"
-        _resolve_precision(c, ["fit", "--precision", "16-mixed", "--trainer.precision", "32-true"])
+        resolve_precision(c, ["fit", "--precision", "16-mixed", "--trainer.precision", "32-true"])
 
 
 def test_fit_without_checkpointing(tmp_path):

@@ -201,9 +201,9 @@ ROWS: dict[str, tuple[list[str], int, str]] = {
 
 
 def _fill(s: str, fx: Path, root: Path) -> str:
-    from mmte.cli import _LIGHTNING_COMMANDS, COMMANDS
+    from mmte.cli import COMMANDS, LIGHTNING_COMMANDS
 
-    commands = ", ".join(sorted([*_LIGHTNING_COMMANDS, *COMMANDS]))
+    commands = ", ".join(sorted([*LIGHTNING_COMMANDS, *COMMANDS]))
     return s.replace("{fx}", str(fx)).replace("{root}", str(root)).replace("{R}", R).replace("{commands}", commands)
 
 

@@ -90,7 +90,7 @@ def _pop(args: list[str], flag: str) -> str | None:
 
 
 def run(args: list[str]) -> dict:
-    from mmte.cli import _cli_class, single_process_checkpoint
+    from mmte.cli import MMTECLI, single_process_checkpoint
 
     args = list(args)
     command = args.pop(0) if args and args[0] in ("fit", "predict") else "fit"
@@ -98,7 +98,7 @@ def run(args: list[str]) -> dict:
     cb = StepLosses()
     callbacks = [LearningRateMonitor(logging_interval="step"), cb] + ([StopAfterEpoch(int(stop))] if stop else [])
     callbacks += [DesyncRNG()] if desync == "true" else []
-    cli = _cli_class()(args=args, run=False, trainer_defaults={"callbacks": callbacks})
+    cli = MMTECLI(args=args, run=False, trainer_defaults={"callbacks": callbacks})
     if cli.trainer.world_size == 1:  # as mmte's CLI does: a distributed checkpoint folder is consolidated first
         ckpt = single_process_checkpoint(ckpt, cli.trainer.default_root_dir)
     if command == "predict":
