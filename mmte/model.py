@@ -16,7 +16,7 @@ Constructor (every argument is plain data, so a YAML file can hold it; see :func
         },                                         # or an mmte.heads.Head module
         fusion="single",                           # "single" | "joint" | "separate"
         freeze="backbone",                         # "backbone" | "tokenizers" | "none" | [globs]
-        lora=None,                                 # {"rank": 8, "alpha": 16, "dropout": 0.0, "lr_scale": 1.0,
+        lora=None,                                 # mmte.config.LoRAConfig or {"rank": 8, "alpha": 16, "dropout": 0.0, "lr_scale": 1.0,
                                                    #  "targets": ["layers.*.self_attention.layernorm_qkv.linear", ...]}
         backbone_weights=None,                     # path (.safetensors / .pth) | Backbone
         touch_unused=True,                         # DDP-safe when a batch lacks a modality
@@ -92,6 +92,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .config import LoRAConfig
 from .encoders import Backbone, BackboneConfig, Encoder, load_state_dict_file
 from .encoders.weights import load_backbone_state, normalize_backbone_keys
 from .heads import Head
@@ -139,7 +140,7 @@ class MetaTransformer(PipelineStages, nn.Module):
         *,
         fusion: str = "single",
         freeze: str | Sequence[str] = "backbone",
-        lora: Mapping[str, Any] | None = None,
+        lora: LoRAConfig | Mapping[str, Any] | None = None,
         backbone_weights: str | os.PathLike | Backbone | None = None,
         touch_unused: bool = True,
         fused: bool = False,
@@ -174,7 +175,8 @@ class MetaTransformer(PipelineStages, nn.Module):
             self._backbone_weights = os.fspath(backbone_weights)
             if not any(p.is_meta for p in self.backbone.parameters()):
                 self.load_backbone_weights()
-        self.lora_modules = apply_lora(self.backbone, **dict(lora)) if lora else []
+        lora_cfg = LoRAConfig.from_value(lora)  # a mapping is checked like the recipe's (unknown options, ranges)
+        self.lora_modules = apply_lora(self.backbone, **lora_cfg.as_dict()) if lora_cfg is not None else []
         if fused:
             self.backbone.fuse()
         self.freeze_policy = freeze

@@ -13,11 +13,12 @@ from typing import Any
 
 import torch
 
+from ..config import check_head_entry, check_tokenizer_entry
 from ..encoders import BackboneConfig, get_preset
 from ..encoders.sources import source_config, source_name
 from ..registry import entry_from_class_path
 
-__all__ = ["apply_data_info", "backbone_config", "backbone_from_source"]
+__all__ = ["apply_data_info", "backbone_config", "backbone_from_source", "check_entries"]
 
 
 def backbone_from_source(backbone: Any, weights: str | os.PathLike | None) -> Any:
@@ -59,6 +60,18 @@ def backbone_config(backbone: Any) -> BackboneConfig | None:
     if isinstance(backbone, BackboneConfig):
         return backbone
     return None
+
+
+def check_entries(tokenizers: Mapping[str, Any], heads: Mapping[str, Any]) -> None:
+    """Check every tokenizer and head entry against its typed config (:mod:`mmte.config`): a misspelt option
+    or a value of the wrong type is refused in one line naming the entry, before the model is built.
+    Ready modules (Python callers) are skipped."""
+    for key, entry in tokenizers.items():
+        if isinstance(entry, (str, Mapping)):
+            check_tokenizer_entry(key, entry)
+    for key, entry in heads.items():
+        if isinstance(entry, Mapping):
+            check_head_entry(key, entry)
 
 
 def head_task(cfg: Mapping[str, Any]) -> str | None:

@@ -45,6 +45,7 @@ import torch
 from lightning.pytorch import LightningModule
 from torch import nn
 
+from ..config import LoRAConfig, OptimConfig
 from ..encoders import Backbone, load_backbone_state, load_state_dict_file
 
 # backbone sources live in mmte.encoders.sources, and the other pieces of this module in the files
@@ -55,7 +56,7 @@ from . import mixup
 from .checkpoint_hooks import CheckpointHooks, state_fingerprint
 from .ema import WeightEMA, check_decay
 from .metrics import PRIMARY, RecallAtOne, batch_size, head_metrics
-from .model_spec import apply_data_info, backbone_config, backbone_from_source, head_task
+from .model_spec import apply_data_info, backbone_config, backbone_from_source, check_entries, head_task
 from .optim import GroupSpec, adamw_warmup_cosine, param_group_spec, param_groups
 from .pipeline_hooks import PipelineHooks
 
@@ -90,14 +91,18 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
     """Fine-tune a :class:`MetaTransformer` (tokenizers -> shared backbone -> heads) with Lightning.
 
     Args:
-        tokenizers: ``{batch key: registry name | {name: ..., options}}`` (see :mod:`mmte.model`).
+        tokenizers: ``{batch key: registry name | {name: ..., options}}`` (see :mod:`mmte.model`); each entry's
+            options are checked against its modality's config (:func:`mmte.config.check_tokenizer_entry`).
+            Required, unless ``mmte ... --ckpt_path`` takes the model from a checkpoint.
         backbone: a preset name (``"minilm-l6"``, ``"tiny"``, ...), or ``{preset: name, field: value}``
             to change a preset's fields; None: the shape of ``backbone_weights``'s named source.
         heads: ``{head name: {name: classification | regression | forecasting | token | contrastive, ...}}``;
-            options the data determines (``num_classes``, ``horizon``, ...) may be left out.
+            options the data determines (``num_classes``, ``horizon``, ...) may be left out; the others are checked
+            against the head's config (:func:`mmte.config.check_head_entry`).
         fusion: ``"single"``, ``"joint"`` or ``"separate"``.
         freeze: ``"backbone"``, ``"tokenizers"``, ``"none"`` or a list of parameter-name globs.
-        lora: LoRA adapter options for the backbone, or None.
+        lora: LoRA adapters for the backbone (:class:`mmte.config.LoRAConfig`: ``{rank, alpha, dropout, lr_scale,
+            targets}``), or None.
         backbone_weights: where the backbone's pretrained weights come from (see
             :func:`resolve_backbone_source`); None: randomly initialised.
         lr: peak learning rate (AdamW).
@@ -123,12 +128,12 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
 
     def __init__(
         self,
-        tokenizers: dict[str, Any],
+        tokenizers: dict[str, Any] | None = None,
         backbone: str | dict[str, Any] | None = None,
         heads: dict[str, dict[str, Any]] | None = None,
         fusion: str = "single",
         freeze: str | list[str] = "backbone",
-        lora: dict[str, Any] | None = None,
+        lora: LoRAConfig | None = None,
         backbone_weights: str | None = None,
         lr: float = 1e-3,
         weight_decay: float = 0.05,
@@ -150,16 +155,21 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
             raise ValueError(f"save_frozen must be 'auto' or 'always'; got {save_frozen!r}")
         if predict_dtype not in ("auto", "fp32", "bf16", "fp8"):
             raise ValueError(f"predict_dtype must be 'auto', 'fp32', 'bf16' or 'fp8'; got {predict_dtype!r}")
-        if not isinstance(mixup, (int, float)) or isinstance(mixup, bool) or mixup < 0:
-            raise ValueError(f"mixup must be a number >= 0 (the Beta(alpha, alpha) parameter; 0: off); got {mixup!r}")
+        #: the optimisation settings as one typed object (validated here: mixup, layer_decay, ema_decay)
+        self.optim = OptimConfig(lr, weight_decay, betas, warmup, min_lr_ratio, layer_decay, mixup, ema_decay)
         check_decay(ema_decay)
-        if layer_decay is not None and not 0.0 < layer_decay <= 1.0:
-            raise ValueError(f"layer_decay must be in (0, 1] or None; got {layer_decay!r}")
+        #: the LoRA adapters as a typed object; the checkpoint stores it as plain data (weights-only loadable)
+        self.lora = LoRAConfig.from_value(lora)
+        self.hparams["lora"] = self.lora.as_dict() if self.lora is not None else None
+        if not isinstance(tokenizers, Mapping) or not tokenizers:
+            raise ValueError(f"model.tokenizers must name at least one tokenizer, e.g. {{image: {{name: image}}}} (or pass --ckpt_path to take "
+                             f"the model from a checkpoint); got {tokenizers!r}")
         if not isinstance(heads, Mapping) or not heads:
             raise ValueError(f"model.heads must name at least one head, e.g. {{label: {{name: classification}}}}; got {heads!r}")
         backbone = backbone_from_source(backbone, backbone_weights)
         self.backbone_spec = backbone
         self.tokenizer_cfg, self.head_cfg = apply_data_info(tokenizers, heads, data_info)
+        check_entries(self.tokenizer_cfg, self.head_cfg)  # unknown options and wrong types, named, before any build
         self.model: MetaTransformer | None = None
         self._frozen_fingerprint: str | None = None
         self._needs_reload = False
@@ -196,7 +206,7 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
             heads=self.head_cfg,
             fusion=hp.fusion,
             freeze=hp.freeze,
-            lora=hp.lora,
+            lora=self.lora,
             backbone_weights=weights,
             device=device,
         )
