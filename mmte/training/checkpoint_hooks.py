@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
+from torch import nn
 
 from ..encoders import Backbone, load_state_dict_file, normalize_backbone_keys
 from ..encoders.sources import resolve_backbone_source
@@ -65,6 +66,11 @@ def reconcile_fp8_state(sd: dict[str, Any], module: LightningModule) -> None:
 class CheckpointHooks:
     """Mixin of :class:`~mmte.training.module.MMTEModule` (reads ``hparams.backbone_weights``,
     ``hparams.save_frozen``, ``_full_meta()``, ``model``, ``optimizer_param_names``)."""
+
+    def meta_model(self) -> nn.Module:
+        """The whole model on the meta device: what a checkpoint describes, whatever this rank holds
+        (:class:`~mmte.training.protocols.ParallelModule`)."""
+        return self._full_meta()
 
     def _frozen_backbone_keys(self) -> list[str] | None:
         """State-dict keys (``model.backbone.*`` parameters of the whole model) restorable from the

@@ -1,7 +1,7 @@
 """Pipeline-parallel hooks of :class:`~mmte.training.module.MMTEModule`.
 
-:class:`~mmte.training.strategy.MMTEStrategy` runs a pipeline schedule instead of Lightning's step when
-``pp > 1``; it asks the module for the schedule's inputs and targets, the loss of each microbatch and,
+:class:`~mmte.training.pipeline_runner.PipelineRunner` runs a pipeline schedule instead of Lightning's step
+when ``pp > 1``; it asks the module for the schedule's inputs and targets, the loss of each microbatch and,
 after the step, the outputs for the metrics (the model side is :mod:`mmte.model_stages`).
 """
 
@@ -19,7 +19,10 @@ __all__ = ["PipelineHooks"]
 
 class PipelineHooks:
     """Mixin of :class:`~mmte.training.module.MMTEModule` (reads ``model``, ``log``, ``_update_metrics``,
-    ``_log_metrics``)."""
+    ``_log_metrics``): the pipeline part of :class:`~mmte.training.protocols.ParallelModule`."""
+
+    #: the first stage describes what the stages pass each other (MetaTransformer.forward_stage(boundary=True))
+    shares_pipeline_boundary = True
 
     def pipeline_inputs(self, batch: Mapping[str, Any]) -> tuple[tuple, dict[str, Any], torch.Tensor]:
         """``(args, kwargs, target)`` for the pipeline schedule: the first stage takes the modality inputs as
