@@ -322,3 +322,98 @@ def test_fit_without_checkpointing(tmp_path):
                  "--trainer.enable_checkpointing", "false", "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1",
                  "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path)]) == 0
     assert (tmp_path / "logs").is_dir() and not (tmp_path / "checkpoints").exists()
+
+
+# ------------------------------------------------------------------ one behaviour for every verb
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory) -> tuple[Path, list[str]]:
+    """A quickstart run (tiny backbone, a few steps) with best.ckpt and last.ckpt, and the recipe flags that name it."""
+    root = tmp_path_factory.mktemp("verbs") / "run"
+    base = ["--config", str(QUICK), "--config", str(TINY), "--trainer.default_root_dir", str(root), *FAST]
+    assert main(["fit", *base, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"]) == 0
+    assert (root / "checkpoints" / "best.ckpt").is_file() and (root / "checkpoints" / "last.ckpt").is_file()
+    return root, base
+
+
+def test_ckpt_path_best_and_last_resolve_in_every_verb(quick_run, tmp_path, capsys):
+    """``--ckpt_path best|last`` names ``<checkpoints>/{best,last}.ckpt`` in validate, predict and export alike,
+    and a run without that file gets the same one-line error from each."""
+    _, base = quick_run
+    assert main(["validate", *base, "--ckpt_path", "best", "--trainer.limit_val_batches", "1"]) == 0
+    assert main(["predict", *base, "--ckpt_path", "last", "--trainer.limit_predict_batches", "1", "--prediction_writer.print_rows", "0"]) == 0
+    out = tmp_path / "m.pt2"
+    capsys.readouterr()
+    assert main(["export", *base, "--ckpt_path", "best", "--format", "torch_export", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {out} (torch_export;") and out.is_file()
+    empty = ["--config", str(QUICK), "--config", str(TINY), "--trainer.default_root_dir", str(tmp_path / "none")]
+    missing = tmp_path / "none" / "checkpoints" / "best.ckpt"
+    want = (f"mmte: error: --ckpt_path best: there is no {missing}, expected the best checkpoint of an earlier mmte fit with this "
+            "default_root_dir, run mmte fit first, or pass --ckpt_path <file>")
+    for verb in (["validate"], ["predict"], ["export", "--format", "torch_export", "--out", str(tmp_path / "x.pt2")]):
+        assert main([verb[0], *empty, "--ckpt_path", "best", *verb[1:]]) == 2, verb
+        assert capsys.readouterr().err.strip().splitlines()[-1] == want, verb
+
+
+def test_missing_optional_package_names_its_extra(tmp_path, monkeypatch, capsys):
+    """An optional package that is not installed is one line naming ``pip install 'mmte[<extra>]'``."""
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` fails as if it were not installed
+    assert main(["export", "--config", str(QUICK), "--config", str(TINY), *FAST, "--format", "onnx", "--out", str(tmp_path / "m.onnx")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "mmte: error: the optional package onnxruntime is not installed, expected the mmte[export] extra for this command, "
+        "install it: pip install 'mmte[export]'")
+
+
+def test_every_optional_package_maps_to_an_extra_of_pyproject():
+    """Each import name :data:`mmte.cli.errors.EXTRAS` knows is a requirement of the extra it names."""
+    import re
+
+    from mmte.cli.errors import EXTRAS, describe_error
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    dist = {"open_clip": "open_clip_torch", "transformer_engine": "transformer-engine"}
+    for module, extra in EXTRAS.items():
+        names = [re.split(r"[<>=\[;\s]", r, maxsplit=1)[0] for r in extras[extra]]
+        assert dist.get(module, module) in names, (module, extra, names)
+        err = RuntimeError("wrapped")
+        err.__cause__ = ModuleNotFoundError(f"No module named '{module}'", name=f"{module}.sub")
+        line = f"the optional package {module} is not installed, expected the mmte[{extra}] extra for this command, install it: "
+        assert describe_error(err) == (line + f"pip install 'mmte[{extra}]'", 2)
+
+
+def test_explicit_precision_decides_the_inference_dtype():
+    """With ``predict_dtype: auto``, ``--trainer.precision 32-true`` predicts in fp32 and ``bf16-*`` in bf16; an
+    explicit ``--model.predict_dtype`` or a recipe's precision leaves it alone."""
+    from jsonargparse import Namespace
+
+    from mmte.cli.fit import resolve_predict_dtype
+
+    def cfg(precision, predict_dtype="auto"):
+        return Namespace(precision=None, model=Namespace(predict_dtype=predict_dtype),
+                         trainer=Namespace(precision=precision, plugins=None, accelerator="cpu"))
+
+    for precision, want in (("32-true", "fp32"), ("32", "fp32"), ("bf16-mixed", "bf16"), ("bf16-true", "bf16"), ("16-mixed", "auto")):
+        c = cfg(precision)
+        resolve_predict_dtype(c, ["predict", f"--trainer.precision={precision}"], "predict")
+        assert c.model.predict_dtype == want, precision
+    c = cfg("32-true", "bf16")
+    resolve_predict_dtype(c, ["predict", "--trainer.precision", "32-true", "--model.predict_dtype", "bf16"], "predict")
+    assert c.model.predict_dtype == "bf16"
+    c = cfg("32-true")
+    resolve_predict_dtype(c, ["predict", "--config", "recipe.yaml"], "predict")  # the recipe's precision: auto stays auto
+    assert c.model.predict_dtype == "auto"
+    c = cfg("32-true")
+    resolve_predict_dtype(c, ["fit", "--trainer.precision", "32-true"], "fit")  # only predict builds the inference copy
+    assert c.model.predict_dtype == "auto"
+
+
+@pytest.mark.parametrize(("precision", "dtype"), [("32-true", "fp32"), ("bf16-mixed", "bf16")])
+def test_predict_header_says_the_inference_dtype(quick_run, capsys, precision, dtype):
+    """``mmte predict --trainer.precision P`` builds its inference copy in P's dtype and says so, with the flag that changes it."""
+    _, base = quick_run
+    assert main(["predict", *base, "--ckpt_path", "last", "--trainer.precision", precision, "--trainer.limit_predict_batches", "1",
+                 "--prediction_writer.print_rows", "0"]) == 0
+    err = capsys.readouterr().err
+    assert f"mmte: predictions in {dtype} (from --trainer.precision {precision}); --model.predict_dtype fp32 or bf16 sets it" in err
+    assert any(ln.startswith("mmte: inference model:") and f" in {dtype} " in ln for ln in err.splitlines()), err
