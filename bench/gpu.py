@@ -203,7 +203,7 @@ def fp8_section(a, budget: Budget) -> dict[str, float]:
 def kernels_section(a, budget: Budget) -> dict[str, float]:
     import torch.nn.functional as F
 
-    from mmte.te import triton_ops
+    from mmte.te import kernels
 
     dev = torch.device(a.device)
     _, dim, _ = SHAPES[a.shape]
@@ -228,9 +228,9 @@ def kernels_section(a, budget: Budget) -> dict[str, float]:
         return go
 
     fns = {"eager": run(composition), "torch_compile": run(compiled)}
-    ok, why = triton_ops.available(dev)
+    ok, why = kernels.available(dev)
     if ok:
-        fns["triton_kernel"] = run(lambda x, r, w, b: triton_ops.fused_add_layer_norm(x, r, w, b, 1e-5))
+        fns["triton_kernel"] = run(lambda x, r, w, b: kernels.fused_add_layer_norm(x, r, w, b, 1e-5))
     else:
         print(f"  kernels:triton_kernel left out: {why}", file=sys.stderr)
     ms = _timed(fns, a.rounds, a.warmup, budget, "kernels")

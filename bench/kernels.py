@@ -3,7 +3,7 @@
 For each transformer shape (tokens = batch x sequence, hidden D, MLP width 4D) and dtype it times,
 forward and forward+backward:
 
-* ``add+LayerNorm`` / ``add+RMSNorm``: :func:`mmte.te.triton_ops.fused_add_layer_norm` /
+* ``add+LayerNorm`` / ``add+RMSNorm``: :func:`mmte.te.kernels.fused_add_layer_norm` /
   ``fused_add_rms_norm`` (one kernel each way) vs ``h = x + r; F.layer_norm(h)`` op by op;
 * ``bias+GELU`` / ``bias+quick_GELU``: ``bias_gelu`` / ``bias_quick_gelu`` on the fc1 output vs
   ``F.gelu(x + b)`` op by op;
@@ -43,7 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mmte import device as mdev
-from mmte.te import triton_ops
+from mmte.te import kernels
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -64,18 +64,18 @@ def cases(tokens: int, D: int, dtype: torch.dtype, dev: torch.device):
     out = []
     x, r, w, b = t(tokens, D), t(tokens, D), t(D), t(D)
     out.append(("add+LayerNorm", 4 * tokens * D * e, 4 * tokens * D * e, (x, r, w, b),
-                lambda x, r, w, b: triton_ops.fused_add_layer_norm(x, r, w, b, 1e-5, impl="triton"),
-                lambda x, r, w, b: triton_ops.fused_add_layer_norm(x, r, w, b, 1e-5, impl="torch")))  # fmt: skip
+                lambda x, r, w, b: kernels.fused_add_layer_norm(x, r, w, b, 1e-5, impl="triton"),
+                lambda x, r, w, b: kernels.fused_add_layer_norm(x, r, w, b, 1e-5, impl="torch")))  # fmt: skip
     out.append(("add+RMSNorm", 4 * tokens * D * e, 4 * tokens * D * e, (x, r, w),
-                lambda x, r, w: triton_ops.fused_add_rms_norm(x, r, w, 1e-5, impl="triton"),
-                lambda x, r, w: triton_ops.fused_add_rms_norm(x, r, w, 1e-5, impl="torch")))  # fmt: skip
+                lambda x, r, w: kernels.fused_add_rms_norm(x, r, w, 1e-5, impl="triton"),
+                lambda x, r, w: kernels.fused_add_rms_norm(x, r, w, 1e-5, impl="torch")))  # fmt: skip
     h, bh = t(tokens, Fh), t(Fh)
     out.append(("bias+GELU", 2 * tokens * Fh * e, 3 * tokens * Fh * e, (h, bh),
-                lambda h, b: (triton_ops.bias_gelu(h, b, impl="triton"),),
-                lambda h, b: (triton_ops.bias_gelu(h, b, impl="torch"),)))  # fmt: skip
+                lambda h, b: (kernels.bias_gelu(h, b, impl="triton"),),
+                lambda h, b: (kernels.bias_gelu(h, b, impl="torch"),)))  # fmt: skip
     out.append(("bias+quick_GELU", 2 * tokens * Fh * e, 3 * tokens * Fh * e, (h, bh),
-                lambda h, b: (triton_ops.bias_quick_gelu(h, b, impl="triton"),),
-                lambda h, b: (triton_ops.bias_quick_gelu(h, b, impl="torch"),)))  # fmt: skip
+                lambda h, b: (kernels.bias_quick_gelu(h, b, impl="triton"),),
+                lambda h, b: (kernels.bias_quick_gelu(h, b, impl="torch"),)))  # fmt: skip
     return out
 
 
@@ -117,7 +117,7 @@ def max_diff(fused, ref, inputs) -> float:
 
 def dry_run(args) -> None:
     """CPU: each case once at tiny shapes under Triton's interpreter; agreement only, no speed."""
-    ok, why = triton_ops.available("cpu")
+    ok, why = kernels.available("cpu")
     if not ok:
         print(f"dry run impossible: {why}")
         return
@@ -155,7 +155,7 @@ def main() -> None:
         dry_run(args)
         return
     dev = torch.device(args.device or ("cuda" if mdev.is_available("cuda") else "cpu"))
-    ok, why = triton_ops.available(dev)
+    ok, why = kernels.available(dev)
     if dev.type != "cuda" or not ok:
         print(f"The Triton kernels need a CUDA GPU; device {dev} cannot run them ({why or 'not a CUDA device'}). "
               "Nothing measured. (`--dry-run` checks the script and the kernels' numbers under the interpreter.)")  # fmt: skip

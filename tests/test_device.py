@@ -150,11 +150,11 @@ def test_mmte_env_and_version(capsys):
     assert env["precision auto"].startswith(device.choose_precision("cpu")[0] + " (")
     for pkg in ("lightning", "timm", "onnxruntime"):
         assert pkg in env
-    from mmte.te.prepack import available
+    from mmte.inference.prepack import available
 
     want = " and ".join(n for n, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)) if available(dt))
     assert env["inference prepack"].startswith(want + " GEMM weights" if want else "unavailable")
-    from mmte.te.prepack import SMALL_ROWS, small_available
+    from mmte.inference.prepack import SMALL_ROWS, small_available
 
     small_on = available(torch.bfloat16) and small_available()
     assert env["inference small rows"].startswith(f"<= {SMALL_ROWS} rows" if small_on else "off (")

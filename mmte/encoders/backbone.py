@@ -23,9 +23,9 @@ from dataclasses import asdict
 import torch
 from torch import nn
 
-from ..te import Linear, TELayer, TransformerLayer, TransformerStack, fuse, make_norm, te_available
+from ..te import Linear, TELayer, TransformerLayer, TransformerStack, fuse, make_norm, one_thread, te_available
 from ..te.backend import BACKENDS
-from ..te.prepack import one_thread
+from ..te.kernels import use_kernels
 from .presets import BackboneConfig, get_preset
 
 logger = logging.getLogger(__name__)
@@ -42,8 +42,9 @@ class Backbone(TransformerStack):
         config: a :class:`BackboneConfig` or a preset name (``"meta-transformer-b16"``, ``"tiny"``, ...).
         fused: fuse each layer (see :mod:`mmte.te.fusion`); the eager path is the numerical reference.
         fusion: how ``fused`` fuses: ``"compile"`` (regional torch.compile: inductor's C++ kernels on
-            CPUs, Triton on GPUs) or ``"kernels"`` (no compile: the eager graph with mmte's hand-written
-            Triton add+norm and bias+activation kernels where they can run — no warm-up, any shape).
+            CPUs, Triton on GPUs) or ``"kernels"`` (no compile: layers swapped for
+            :class:`~mmte.te.kernels.KernelTransformerLayer`, mmte's hand-written Triton add+norm and
+            bias+activation kernels where they can run — no warm-up, any shape).
         backend: ``"native"`` (mmte.te) or ``"te"`` (TransformerEngine, when installed).
         params_dtype, device: parameter dtype and device (``"meta"`` for deferred init).
         **overrides: config fields to override (``Backbone("tiny", num_layers=4)``).
@@ -123,10 +124,8 @@ class Backbone(TransformerStack):
             self.fused = True
             return self
         if not self.fused and self.fusion == "kernels":
-            for layer in self.layers.values():
-                layer.fused_kernels = True
+            use_kernels(self.layers)  # a module swap: KernelTransformerLayer where the kernels cover the layer
             self.fused = True
-            logger.info("fused %d backbone layers with hand-written kernels (add+norm, bias+activation)", len(self.layers))
         if not self.fused:
             for layer in self.layers.values():
                 fuse(layer, **compile_kwargs)
@@ -187,7 +186,7 @@ class Backbone(TransformerStack):
         """
         if self.compute_dtype is not None:
             if self.small_path(x):
-                return None  # few rows: the fp32 small-row path of mmte.te.prepack (see TransformerStack)
+                return None  # few rows: the fp32 small-row path of mmte.inference (see TransformerStack)
             return self.compute_dtype
         dev = x.device.type
         if self.backend != "native" or not torch.is_autocast_enabled(dev) or torch.get_autocast_dtype(dev) != torch.bfloat16:

@@ -8,10 +8,11 @@ dtype, called under ``torch.inference_mode``:
   (``Backbone.compute_dtype``; tokens are cast on the way in and the hidden states back to fp32 on the
   way out), so the GEMMs use the CPU's bf16 units with no per-call weight cast. Tokenizers and heads
   (small, and where inputs and logits need the range) stay fp32.
-* On CPUs the backbones' GEMM weights (bf16 or fp32) are prepacked once into oneDNN's blocked layout
-  (:mod:`mmte.te.prepack`), which saves the per-call reorder that dominates small batches, and each
-  layer runs as one flat function over them (``TransformerLayer._forward_packed``). In ``"bf16"``, inputs
-  of at most ``SMALL_ROWS`` rows (batch x tokens: one item of a few tokens) run in fp32 on fp16-packed
+* On CPUs the backbones are converted by :func:`mmte.inference.convert.prepack_stack`: GEMM weights
+  (bf16 or fp32) prepacked once into oneDNN's blocked layout (:class:`~mmte.inference.PackedLinear`),
+  which saves the per-call reorder that dominates small batches, and each layer run as one flat
+  function over them (:class:`~mmte.inference.PackedTransformerLayer`). In ``"bf16"``, inputs of at
+  most ``SMALL_ROWS`` rows (batch x tokens: one item of a few tokens) run in fp32 on fp16-packed
   weights instead (fbgemm's matrix-vector kernel, faster there and more exact), with the norms kept in
   fp32 for both paths, and with torch's intra-op pool at one thread for the backbone (fbgemm's kernel
   is single-threaded and the other ops are too small to split).
@@ -37,9 +38,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import device as mdev
-from .te.prepack import SMALL_ROWS, pack, small_available
-from .te.transformer import LayerScale
+from .. import device as mdev
+from ..te.stack import TransformerStack
+from .convert import prepack_stack
+from .prepack import SMALL_ROWS
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +76,6 @@ def _batch_size(args: tuple, kwargs: Mapping[str, Any]) -> int | None:
 
 
 def _backbones(model: nn.Module) -> list[nn.Module]:
-    from .te.stack import TransformerStack
-
     return [m for m in model.modules() if isinstance(m, TransformerStack)]
 
 
@@ -132,7 +132,7 @@ def optimize(
         compile_min_batch: batches smaller than this run eagerly when ``compile`` is on.
         fp8_recipe: the FP8 recipe for ``dtype="fp8"``.
         prepack: on CPUs, reorder the backbones' GEMM weights once into oneDNN's blocked layout for the
-            eager model (:mod:`mmte.te.prepack`; bf16 and fp32).
+            eager model (:func:`~mmte.inference.convert.prepack_stack`; bf16 and fp32).
 
     Returns:
         an :class:`InferenceModel`.
@@ -153,7 +153,7 @@ def optimize(
             b.to(torch.bfloat16)
             b.compute_dtype = torch.bfloat16
     elif want == "fp8":
-        from .fp8 import convert
+        from ..fp8 import convert
 
         for b in backbones:
             convert(b, fp8_recipe, inference=True)
@@ -166,16 +166,9 @@ def optimize(
     packed = small = 0
     if prepack and want in ("bf16", "fp32") and torch.device(device).type == "cpu":
         for b in backbones:
-            n_packed = pack(b, rows=128)
+            n_packed, on = prepack_stack(b, want, rows=128)
             packed += n_packed
-            gemms = sum(isinstance(mod, nn.Linear) for mod in b.layers.modules())
-            if want == "bf16" and n_packed == gemms and small_available():
-                # few rows run in fp32 on fp16-packed weights; norms and layer scales in fp32 serve both paths
-                for mod in b.modules():
-                    if isinstance(mod, (nn.LayerNorm, nn.RMSNorm, LayerScale)):
-                        mod.float()
-                b.small_rows = SMALL_ROWS
-                small += 1
+            small += on
     n = sum(x.numel() for b in backbones for x in b.parameters())
     logger.info(
         "inference model: %d backbone(s) with %s parameters in %s (asked %r), %d GEMM weight(s) prepacked%s%s",

@@ -1,57 +1,43 @@
-"""CPU weight prepacking for inference: GEMM weights reordered once into oneDNN's blocked layout.
+"""Prepacked CPU GEMMs: :class:`PackedLinear`, a :class:`~mmte.te.Linear` whose weight is reordered once
+into oneDNN's blocked layout for inference.
 
 A plain ``F.linear`` on a CPU hands oneDNN (bf16) or MKL (fp32) the weight in PyTorch's row-major
-layout, and the library reorders it into its blocked layout on every call. For small row counts (one
-item, a few tokens) that reorder costs as much as the GEMM itself: measured on a 2-core
-AVX-512-BF16 EPYC, ``[5, 384] x [384, 1536]`` took 91 us in bf16 through ``F.linear`` and 51 us from a
-prepacked weight; at 197 rows (ViT-S, one image) 681 vs 601 us. :func:`pack` reorders a frozen
-:class:`~mmte.te.Linear`'s weight once (``torch.ops.mkldnn._reorder_linear_weight``, the op
-``torch.compile`` uses for frozen CPU graphs; in fp32 it measured 1.1-1.8x faster than ``F.linear``
-also with the libraries limited to AVX2) and the module's forward then runs
-``torch.ops.mkldnn._linear_pointwise`` on it, with the same result up to the GEMM's summation order.
+layout, and the library reorders it into its blocked layout on every call; for few rows that reorder
+costs as much as the GEMM. A :class:`PackedLinear` reorders its frozen weight once
+(``torch.ops.mkldnn._reorder_linear_weight``, the op ``torch.compile`` uses for frozen CPU graphs) and
+runs ``torch.ops.mkldnn._linear_pointwise`` on it, with the same result up to the GEMM's summation order.
 
-The packed copy is used only where it is valid: CPU inputs in the weight's dtype, no autograd
-(``torch.no_grad`` / ``torch.inference_mode``), not while compiling, and only while the weight is
-unchanged since packing (its storage address and version counter are checked on every call, as the
-bf16 weight cache of :mod:`mmte.te.lowp` does; ``load_state_dict``, ``.to()`` or an in-place edit fall
-back to ``F.linear`` and repack on the next call). Copies and pickles of a module carry the wish to be
-packed, not the packed tensor, which is rebuilt on first use.
+The packing is used only where it is valid: CPU inputs in the weight's dtype, no autograd, not while
+compiling, and only while the weight is unchanged since packing (its storage address and version counter
+are checked on every call, as the bf16 weight cache of :mod:`mmte.te.lowp` does; ``load_state_dict``,
+``.to()`` or an in-place edit fall back to ``F.linear`` and repack on the next call). Elsewhere the module
+is its base class. Copies and pickles carry the wish to be packed, not the packed tensor.
 
-**Small row counts** (one item of a few tokens: at most :data:`SMALL_ROWS` rows) are a matrix-vector
-product, bound by reading the weight. There oneDNN's bf16 kernel is not the fastest way to read two bytes
-a weight: fbgemm's fp16-weight GEMM (``torch.fbgemm_linear_fp16_weight_fp32_activation``, weights packed
-once in fp16, activations and accumulation in fp32) ran the quickstart trunk's 24 GEMMs at 2 rows in
-0.78 ms against 1.2 ms for the packed bf16 ones (2-core AVX-512-BF16 EPYC, weights not in cache), and is
-more exact (fp32 activations; a bf16 weight is exactly representable in fp16 unless below 2^-14 in
-magnitude, where it keeps fewer bits). :func:`packed_gemms` gives that packing of packed modules'
-weights for fp32 inputs; an inference backbone whose GEMMs are all packed (``TransformerStack.small_rows``,
-set by :func:`mmte.inference.optimize` where :func:`small_available`) runs such inputs in fp32 through it.
-Above a few rows fbgemm's kernel falls behind (16 rows: 156 vs 65 us at ``[16, 384] x [384, 1152]``).
-fbgemm's kernel runs on the calling thread alone, and the other ops at this size (norms, attention over
-a few tokens, GELU) are too small to split, so the backbone runs such inputs with torch's intra-op pool
-set to one thread (:func:`one_thread`): on the 2-core EPYC, waking the second thread for each of them
-cost more than it saved (quickstart, one item: 2.66 ms a call with one thread, 3.15 with two).
-PyTorch marks the fbgemm fp16 ops deprecated; where they are missing the path is simply not taken.
+**Small row counts** (at most :data:`SMALL_ROWS` rows of batch x tokens: one item of a few tokens) are a
+matrix-vector product, bound by reading the weight. For fp32 inputs on low-precision weights the GEMMs
+then run on fbgemm's fp16-weight kernel (``torch.fbgemm_linear_fp16_weight_fp32_activation``: weights
+packed once in fp16, activations and accumulation in fp32), which reads two bytes a weight faster than
+oneDNN's bf16 kernel at this size and is more exact (a bf16 weight is exactly an fp16 number unless below
+2^-14 in magnitude). PyTorch marks these fbgemm ops deprecated; where they are missing
+(:func:`small_available`) the path is not taken.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
 import warnings
-from collections.abc import Iterator
 
 import torch
 from torch import nn
 
-from .lowp import identity
+from ..te.linear import Linear
+from ..te.lowp import identity
 
-__all__ = ["PACKABLE", "SMALL_ROWS", "available", "global_hooks", "one_thread", "pack", "packed_gemm", "packed_gemms", "packed_linear", "small_available", "unpack"]
+__all__ = ["PACKABLE", "SMALL_ROWS", "PackedLinear", "available", "global_hooks", "packed_gemm", "packed_gemms", "small_available", "small_gemm"]
 
 PACKABLE = (torch.float32, torch.bfloat16)
 SMALL_ROWS = 4
-_ATTR = "_mmte_prepack"
+_ATTR = "_mmte_prepack"  # the PackedLinear's packing state
 
 
 @functools.cache
@@ -142,42 +128,6 @@ class _Packed:
         self.__init__(state["rows"])
 
 
-def pack(module: nn.Module, rows: int = 1) -> int:
-    """Mark every :class:`~mmte.te.Linear` in ``module`` whose weight can be packed (a plain CPU tensor
-    in fp32 or bf16 that :func:`available` supports, not trained) for packed inference GEMMs.
-
-    Args:
-        module: a model or any part of one.
-        rows: the typical number of input rows (batch x tokens) that oneDNN tunes the layout for; any
-            row count runs correctly.
-
-    Returns:
-        how many GEMM modules were marked.
-    """
-    from .linear import Linear
-
-    n = 0
-    for m in module.modules():
-        w = getattr(m, "weight", None)
-        if type(m) is not Linear or w is None or type(w.data) is not torch.Tensor:
-            continue
-        if w.device.type != "cpu" or w.requires_grad or not available(w.dtype):
-            continue
-        setattr(m, _ATTR, _Packed(max(1, int(rows))))
-        n += 1
-    return n
-
-
-def unpack(module: nn.Module) -> int:
-    """Undo :func:`pack` on ``module``; returns how many GEMM modules it unmarked."""
-    n = 0
-    for m in module.modules():
-        if getattr(m, _ATTR, None) is not None:
-            delattr(m, _ATTR)
-            n += 1
-    return n
-
-
 def packed_gemms(mods: tuple[nn.Module, ...], x: torch.Tensor, *, in_call: bool = False) -> tuple[list, list, bool] | None:
     """The packed weights and biases of the GEMM modules ``mods`` for input ``x``, and whether they are
     the small-row path's (fp32 ``x`` on low-precision weights: fp16 packings, fp32 biases); packed first,
@@ -222,35 +172,6 @@ def global_hooks() -> bool:
     return bool(m._global_forward_hooks or m._global_forward_pre_hooks)
 
 
-_pool_lock = threading.Lock()
-_pool_users = 0
-_pool_saved = 1
-
-
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """Run the block with torch's intra-op pool at one thread (the small-row path; restored after).
-
-    The thread count is process-wide, so callers on several Python threads (a threaded server) share one
-    count: the first in saves it, the last out restores it; until then other work in the process also
-    runs on one intra-op thread.
-    """
-    global _pool_users, _pool_saved
-    with _pool_lock:
-        if _pool_users == 0:
-            _pool_saved = torch.get_num_threads()
-            if _pool_saved != 1:
-                torch.set_num_threads(1)
-        _pool_users += 1
-    try:
-        yield
-    finally:
-        with _pool_lock:
-            _pool_users -= 1
-            if _pool_users == 0 and _pool_saved != 1:
-                torch.set_num_threads(_pool_saved)
-
-
 def small_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``x [rows, in] (fp32) -> [rows, out]`` on a small-row packing and its fp32 bias (:func:`packed_gemms`)."""
     return torch.fbgemm_linear_fp16_weight_fp32_activation(x.contiguous(), weight, bias)
@@ -265,13 +186,20 @@ def packed_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, attr, [], algorithm)
 
 
-def packed_linear(m: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
-    """``m(x)`` from ``m``'s packing (see :func:`packed_gemms`), or None where no packed path applies:
-    the caller then runs ``F.linear``."""
-    got = packed_gemms((m,), x, in_call=True)
-    if got is None:
-        return None
-    (w,), (b,), small = got
-    shape = x.shape
-    y = packed_gemm(x.reshape(-1, shape[-1]), w, b, small)
-    return y.view(*shape[:-1], y.shape[-1])
+class PackedLinear(Linear):
+    """A frozen :class:`~mmte.te.Linear` that runs inference GEMMs on CPUs from a prepacked weight.
+
+    Made from a ``Linear`` in place by :func:`mmte.inference.pack` (the class is swapped; parameters,
+    hooks and FQNs stay); where the packing does not apply (autograd on, another dtype or device,
+    compiling, a parametrized weight) it runs as its base class.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., in] -> [..., out]``."""
+        got = packed_gemms((self,), x, in_call=True)
+        if got is None:
+            return super().forward(x)
+        (w,), (b,), small = got
+        shape = x.shape
+        y = packed_gemm(x.reshape(-1, shape[-1]), w, b, small)
+        return y.view(*shape[:-1], y.shape[-1])

@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from .lowp import LOW_PRECISION, cast_param
-from .prepack import packed_linear
 
 __all__ = ["Linear", "default_init"]
 
@@ -30,7 +29,7 @@ class Linear(nn.Linear):
 
     Inputs in bf16/fp16 with fp32 parameters run the GEMM in the inputs' dtype (the bf16 path of
     :mod:`mmte.te.lowp`): frozen weights from a cached copy, trainable ones cast through autograd.
-    A module marked by :func:`mmte.te.prepack.pack` runs inference GEMMs on CPUs from a prepacked weight.
+    Inference copies swap in :class:`mmte.inference.PackedLinear` (a subclass) for prepacked CPU GEMMs.
 
     Args:
         in_features, out_features: GEMM sizes.
@@ -38,8 +37,6 @@ class Linear(nn.Linear):
         init_method: called on the weight in :meth:`reset_parameters` (default: PyTorch's).
         params_dtype, device: parameter dtype and device (``"meta"`` for deferred init).
     """
-
-    _mmte_prepack = None  # set by mmte.te.prepack.pack
 
     def __init__(
         self,
@@ -64,9 +61,6 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., in] -> [..., out]``; bf16/fp16 inputs use the weight in their dtype (see :mod:`mmte.te.lowp`)."""
-        y = packed_linear(self, x)
-        if y is not None:
-            return y
         w, b = self.weight, self.bias
         if x.dtype != w.dtype and x.dtype in LOW_PRECISION:
             w = cast_param(w, x.dtype)

@@ -12,9 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .lowp import LOW_PRECISION, cast_param
-from .prepack import global_hooks
 
-__all__ = ["LayerNorm", "RMSNorm", "apply_norm", "make_norm"]
+__all__ = ["LayerNorm", "RMSNorm", "make_norm"]
 
 
 class LayerNorm(nn.LayerNorm):
@@ -101,22 +100,4 @@ def make_norm(
     if normalization == "RMSNorm":
         return RMSNorm(hidden_size, eps, **kw)
     raise ValueError(f"normalization must be 'LayerNorm', 'RMSNorm' or None; got {normalization!r}")
-
-
-def apply_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``norm(x)``, as one functional call for an unhooked :class:`LayerNorm`/:class:`RMSNorm` whose
-    parameters are in ``x``'s dtype (the flat inference layer of :mod:`mmte.te.transformer`: at one item
-    of a few tokens the module call costs about as much as the kernel); any other norm through its call."""
-    cls = type(norm)
-    if (cls is LayerNorm or cls is RMSNorm) and not (norm._forward_hooks or norm._forward_pre_hooks or global_hooks()):
-        params = norm._parameters
-        w = params["weight"]
-        # what the modules' forwards do without a cast: the same dtype, or LayerNorm's CPU kernel (fp32 gamma, bf16 x)
-        if w is not None and (w.dtype == x.dtype or (cls is LayerNorm and x.device.type == "cpu")):
-            if norm.zero_centered_gamma:
-                w = w + 1
-            if cls is LayerNorm:
-                return F.layer_norm(x, norm.normalized_shape, w, params["bias"], norm.eps)
-            return F.rms_norm(x, norm.normalized_shape, w, norm.eps)
-    return norm(x)
 

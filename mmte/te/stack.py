@@ -10,15 +10,19 @@ pipeline stage may hold a subset), each called as ``layer(x [B, N, D], mask [B, 
 ``compute_dtype`` (a dtype or None) is the dtype the layers run in when set; ``small_rows`` (set by
 ``mmte.inference.optimize`` when every GEMM is packed for the CPU) is the largest input, in rows of batch
 x tokens, that instead runs in fp32 on fp16-packed weights when no gradient is recorded (the small-row
-path of :mod:`mmte.te.prepack`).
+path of :mod:`mmte.inference`), with torch's intra-op pool at one thread (:func:`one_thread`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 
-__all__ = ["TransformerStack", "find_stacks"]
+__all__ = ["TransformerStack", "find_stacks", "one_thread"]
 
 
 class TransformerStack(nn.Module):
@@ -39,3 +43,34 @@ def find_stacks(model: nn.Module) -> list[tuple[str, TransformerStack]]:
         if isinstance(mod, TransformerStack) and not any(f == "" or name.startswith(f + ".") for f, _ in found):
             found.append((name, mod))
     return found
+
+
+_pool_lock = threading.Lock()
+_pool_users = 0
+_pool_saved = 1
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run the block with torch's intra-op pool at one thread (restored after).
+
+    A stack's small-row inputs run this way: fbgemm's fp16-weight GEMM runs on the calling thread alone,
+    and the other ops at that size (norms, attention over a few tokens) are too small to split, so
+    waking more threads for each of them costs more than it saves. The thread count is process-wide,
+    so callers on several Python threads (a threaded server) share one count: the first in saves it,
+    the last out restores it; until then other work in the process also runs on one intra-op thread.
+    """
+    global _pool_users, _pool_saved
+    with _pool_lock:
+        if _pool_users == 0:
+            _pool_saved = torch.get_num_threads()
+            if _pool_saved != 1:
+                torch.set_num_threads(1)
+        _pool_users += 1
+    try:
+        yield
+    finally:
+        with _pool_lock:
+            _pool_users -= 1
+            if _pool_users == 0 and _pool_saved != 1:
+                torch.set_num_threads(_pool_saved)

@@ -14,18 +14,9 @@ In pre-norm layers the norms live inside the GEMM modules (``self_attention.laye
 ``layernorm_mlp.norm``), as in TransformerEngine; post-norm layers own ``post_attention_layernorm``
 and ``post_mlp_layernorm`` instead.
 
-With ``fused_kernels`` on (``Backbone(fused=True, fusion="kernels")``) a pre-norm layer runs the same
-math through the hand-written kernels of :mod:`mmte.te.triton_ops` wherever they can run (CUDA; CPU
-under ``TRITON_INTERPRET=1``): the attention residual add and the MLP's norm become one kernel, and
-fc1's bias + activation another (fc1 runs without its bias). Where a kernel cannot run, the torch
-composition runs instead, so the switch never changes results beyond fp32 reassociation.
-
-A layer whose GEMMs are prepacked for CPU inference (:func:`mmte.te.prepack.pack`, done by
-``mmte.inference.optimize``) runs the same math, when no gradient is recorded, as one flat function
-over the packed weights (:meth:`TransformerLayer._forward_packed`): the activation fused into fc1's
-GEMM as a oneDNN post-op, and no per-submodule dispatch. At batch 1 that dispatch is most of the
-time: measured on a 2-core AVX-512-BF16 EPYC, the quickstart's 6-layer trunk on 2 tokens took about
-2.7 ms this way against about 4.2 ms through the modules (its GEMMs alone about 1.6 ms).
+Speed-ups are module swaps applied to a built model, not branches here: hand-written Triton kernels
+(:func:`mmte.te.kernels.use_kernels`) and, for CPU inference copies, prepacked GEMMs and a flat layer
+(:mod:`mmte.inference`).
 """
 
 from __future__ import annotations
@@ -33,21 +24,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from . import triton_ops
-from .attention import MultiheadAttention, cpu_lowp_attention, use_cpu_lowp
+from .attention import MultiheadAttention
 from .layernorm_mlp import LayerNormMLP
 from .lowp import LOW_PRECISION, cast_param
-from .norm import apply_norm, make_norm
-from .prepack import packed_gemm, packed_gemms, small_gemm
+from .norm import make_norm
 
 __all__ = ["DropPath", "LayerScale", "TransformerLayer"]
-
-# activations that oneDNN applies inside fc1's GEMM on the packed path: (post-op, algorithm)
-_PACKED_POSTOPS = {"gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh"), "relu": ("relu", "")}
-
 
 class DropPath(nn.Module):
     """Stochastic depth: zero a whole sample's residual branch with probability ``p`` (training only),
@@ -180,35 +164,6 @@ class TransformerLayer(nn.Module):
             self.ls2 = LayerScale(hidden_size, layer_scale_init, **kw)
         else:
             self.ls1 = self.ls2 = None
-        self.fused_kernels = False
-
-    def kernels_apply(self) -> bool:
-        """Whether :meth:`forward` can take the hand-written-kernel path for this layer's settings."""
-        mlp = self.layernorm_mlp
-        return (
-            self.layer_norm_position == "pre"
-            and mlp.up is None
-            and mlp.activation in triton_ops.ACTIVATIONS
-            and isinstance(mlp.norm, (nn.LayerNorm, nn.RMSNorm))
-            and self.ls1 is None
-            and (not self.training or (self.hidden_dropout.p == 0.0 and self.drop_path.p == 0.0))
-        )
-
-    def _forward_kernels(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        mlp = self.layernorm_mlp
-        attn = self.self_attention(x, attention_mask)
-        norm = mlp.norm
-        zc = getattr(norm, "zero_centered_gamma", False)
-        if isinstance(norm, nn.RMSNorm):
-            h, x = triton_ops.fused_add_rms_norm(attn, x, norm.weight, norm.eps, zero_centered_gamma=zc)
-        else:
-            h, x = triton_ops.fused_add_layer_norm(attn, x, norm.weight, norm.bias, norm.eps, zero_centered_gamma=zc)
-        fc1 = mlp.fc1
-        if type(fc1).forward is nn.Linear.forward:  # a plain GEMM: defer its bias into the activation kernel
-            a = triton_ops.bias_activation(F.linear(h, fc1.weight), fc1.bias, mlp.activation)
-        else:  # e.g. an FP8 linear: keep its own GEMM (bias included)
-            a = triton_ops.bias_activation(fc1(h), None, mlp.activation)
-        return x + mlp.fc2(a)
 
     def reset_parameters(self) -> None:
         for m in self.children():
@@ -232,12 +187,6 @@ class TransformerLayer(nn.Module):
         if hidden_states.dim() != 3 or hidden_states.shape[-1] != self.hidden_size:
             raise ValueError(f"TransformerLayer expects hidden_states [B, N, {self.hidden_size}]; got {tuple(hidden_states.shape)}")
         x = hidden_states
-        if not self.training and x.device.type == "cpu":
-            y = self._forward_packed(x, attention_mask)
-            if y is not None:
-                return y
-        if self.fused_kernels and self.kernels_apply():
-            return self._forward_kernels(x, attention_mask)
         if self.layer_norm_position == "pre":
             x = x + self._branch(self.self_attention(x, attention_mask), self.ls1)
             x = x + self._branch(self.layernorm_mlp(x), self.ls2)
@@ -245,70 +194,3 @@ class TransformerLayer(nn.Module):
         x = self.post_attention_layernorm(x + self._branch(self.self_attention(x, attention_mask), self.ls1))
         x = self.post_mlp_layernorm(x + self._branch(self.layernorm_mlp(x), self.ls2))
         return x
-
-    def _forward_packed(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-        """The layer's eval-mode math on its prepacked GEMM weights, or None where that path does not apply
-        (a GEMM not packed or not a plain :class:`~mmte.te.Linear`, autograd on, another dtype).
-
-        fp32 inputs to a low-precision (bf16) layer take the small-row path of :mod:`mmte.te.prepack`
-        (fp16-packed weights, fp32 activations); inputs in the weights' dtype the oneDNN-packed GEMMs.
-        The layer's own call (and its hooks) happens as usual; its GEMM modules are not called, so a GEMM
-        carrying a forward hook (a LoRA adapter) sends the layer down the module path; the norms run as
-        functions on their parameters (:func:`~mmte.te.norm.apply_norm`), the attention core (where a
-        mask applies) as a module."""
-        sub = self._modules  # plain dict lookups: at one item of a few tokens, attribute fallbacks add up
-        attn, mlp = sub["self_attention"], sub["layernorm_mlp"]
-        am, mm = attn._modules, mlp._modules
-        qkv_m = am["layernorm_qkv"]
-        up = mm.get("up")  # absent (a plain None attribute) unless the activation is gated
-        mods = (qkv_m._modules["linear"], am["proj"], mm["fc1"], mm["fc2"])
-        if up is not None:
-            mods += (up,)
-        got = packed_gemms(mods, x)
-        if got is None:
-            return None
-        ws, bs, small = got
-        b, n, d = x.shape
-        pre = self.layer_norm_position == "pre"
-        x = x.reshape(b * n, d)
-        h = apply_norm(qkv_m._modules["norm"], x) if pre else x
-        qkv = small_gemm(h, ws[0], bs[0]) if small else packed_gemm(h, ws[0], bs[0], False)
-        core = am["core_attention"]
-        if attention_mask is None and core.backend is None and core.attn_mask_type in ("no_mask", "padding"):
-            qkv = qkv.view(b, n, -1, 3, attn.kv_channels)
-            if not small and use_cpu_lowp(qkv):
-                # one copy into [3, B, H, N, hd]: the batched GEMMs then read q, k, v in place (ViT-S, one
-                # image: 467-549 vs 492-570 us for the attention of a layer with per-GEMM copies)
-                q, k, v = qkv.permute(3, 0, 2, 1, 4).contiguous().unbind(0)
-                ctx = cpu_lowp_attention(q, k, v, None, False, core.softmax_scale)
-            else:
-                q, k, v = qkv.transpose(1, 2).unbind(3)  # [B, H, N, hd] each
-                ctx = F.scaled_dot_product_attention(q, k, v, scale=core.softmax_scale)
-            ctx = ctx.transpose(1, 2)
-        else:
-            ctx = core(*qkv.view(b, n, -1, 3, attn.kv_channels).unbind(3), attention_mask)
-        ctx = ctx.reshape(b * n, -1)
-        y = small_gemm(ctx, ws[1], bs[1]) if small else packed_gemm(ctx, ws[1], bs[1], False)
-        ls1, ls2 = sub.get("ls1"), sub.get("ls2")
-        if ls1 is not None:
-            y = ls1(y)
-        x = x + y if pre else apply_norm(sub["post_attention_layernorm"], x + y)
-        h = apply_norm(mm["norm"], x) if pre else x
-        if small:
-            a = mlp.act(small_gemm(h, ws[2], bs[2]))
-            if up is not None:
-                a = a * small_gemm(h, ws[4], bs[4])
-            y = small_gemm(a, ws[3], bs[3])
-        else:
-            post = _PACKED_POSTOPS.get(mlp.activation) if up is None else None
-            if post is not None:
-                a = packed_gemm(h, ws[2], bs[2], False, post)
-            else:
-                a = mlp.act(packed_gemm(h, ws[2], bs[2], False))
-                if up is not None:
-                    a = a * packed_gemm(h, ws[4], bs[4], False)
-            y = packed_gemm(a, ws[3], bs[3], False)
-        if ls2 is not None:
-            y = ls2(y)
-        x = x + y if pre else apply_norm(sub["post_mlp_layernorm"], x + y)
-        return x.view(b, n, d)

@@ -1,4 +1,4 @@
-"""CPU weight prepacking (mmte.te.prepack): packed GEMMs against F.linear in fp32 (a naive reference)
+"""CPU weight prepacking (mmte.inference: PackedLinear, PackedTransformerLayer, pack): packed GEMMs against F.linear in fp32 (a naive reference)
 and bf16, used only without autograd, invalidated by weight changes, safe to copy and pickle; the
 small-row path (fp32 inputs on fp16-packed bf16 weights) against a float64 reference; a transformer
 layer's flat packed forward against its module path; and the inference path of the real quickstart model."""
@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mmte.inference import SMALL_ROWS, PackedLinear, PackedTransformerLayer, available, pack, small_available, unpack
 from mmte.te import Linear, TransformerLayer
-from mmte.te.prepack import SMALL_ROWS, available, pack, small_available, unpack
 from tests.te.test_lowp import OpLog
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,7 +132,8 @@ def test_inference_path_of_the_quickstart_model_prepacks_its_backbone():
     dtype = "bf16" if available(BF16) else "fp32"
     inf = optimize(model, dtype)
     n_gemms = 4 * model.backbone.config.num_layers
-    assert sum(getattr(m, "_mmte_prepack", None) is not None for m in inf.modules()) == n_gemms
+    assert sum(isinstance(m, PackedLinear) for m in inf.modules()) == n_gemms
+    assert sum(isinstance(m, PackedTransformerLayer) for m in inf.modules()) == model.backbone.config.num_layers
     out = inf(batch)["digit"]
     assert ((out - ref).norm() / ref.norm()).item() < (2e-2 if dtype == "bf16" else 1e-5)
     unpacked = optimize(model, dtype, prepack=False)(batch)["digit"]
@@ -335,7 +336,8 @@ def test_small_row_packing_follows_a_replaced_weight():
 @pytest.mark.parametrize("zero_centered", [False, True])
 def test_apply_norm_is_the_norm_call(kind, zero_centered):
     """The flat layer's functional norm equals the module call, and a hooked norm runs through its call."""
-    from mmte.te.norm import apply_norm, make_norm
+    from mmte.inference import apply_norm
+    from mmte.te import make_norm
 
     norm = make_norm(kind, 16, 1e-5, zero_centered_gamma=zero_centered)
     with torch.no_grad():
@@ -386,7 +388,7 @@ def test_one_thread_from_several_python_threads_restores_the_count():
     comes back when the last one leaves."""
     import threading
 
-    from mmte.te.prepack import one_thread
+    from mmte.te import one_thread
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -433,7 +435,7 @@ def test_packed_layer_honours_global_module_hooks():
             out = layer(x)
     finally:
         handle.remove()
-    assert called.count("Linear") == 4 and "LayerNorm" in called
+    assert called.count("PackedLinear") == 4 and "LayerNorm" in called
     with torch.inference_mode():
         torch.testing.assert_close(out, layer(x), rtol=1e-5, atol=1e-5)
 

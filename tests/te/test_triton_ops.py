@@ -1,4 +1,4 @@
-"""Tests of mmte.te.triton_ops: the Triton kernels against the torch composition they replace.
+"""Tests of mmte.te.kernels: the Triton kernels against the torch composition they replace.
 
 Triton's interpreter (``TRITON_INTERPRET=1``, kernels on CPU tensors) must be switched on before a
 kernel is built, and other tests in the same pytest process may already have imported triton. So the
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from mmte.te import LayerNorm, RMSNorm
-from mmte.te import triton_ops as T
+from mmte.te import kernels as T
 
 REPO = Path(__file__).resolve().parents[2]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -65,7 +65,7 @@ def _sm90_compiler():
         pytest.skip(f"this triton has no ahead-of-time compile API: {e}")
     if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
         pytest.skip("this triton install ships no ptxas to compile for NVIDIA GPUs")
-    if T._interpreter_mode():
+    if T.interpreter_mode():
         pytest.skip("this pytest process imported triton for the interpreter; kernels are not compiled then")
     return triton, ASTSource, GPUTarget
 
@@ -79,8 +79,8 @@ def test_kernels_compile_for_sm90(kernel):
     """
     triton, ASTSource, GPUTarget = _sm90_compiler()
     p, f = "*bf16", "*fp32"
-    bm, bd, wn = T._norm_tiles(768)
-    am, an, wa = T._act_tiles(3072)
+    bm, bd, wn = T.norm_tiles(768)
+    am, an, wa = T.act_tiles(3072)
     norm_flags = {"HAS_BIAS": True, "IS_RMS": False, "ZERO_CENTERED": True, "BLOCK_M": bm, "BLOCK_D": bd}
     specs = {
         "add_norm_fwd": ([p, p, f, f, p, p, f, f, "i32", "i32", "fp32"], dict(HAS_RES=True, STORE_H=True, **norm_flags), wn),
@@ -89,7 +89,9 @@ def test_kernels_compile_for_sm90(kernel):
         "bias_act_bwd": ([p, p, p, p, f, "i32", "i32", "i32"], {"HAS_BIAS": True, "ACT": 0, "BLOCK_M": am, "BLOCK_N": an}, wa),
     }
     types, consts, warps = specs[kernel]
-    fn = T._kernels()[kernel]
+    from mmte.te.kernels import jit
+
+    fn = getattr(jit, kernel)
     names = fn.arg_names
     signature = dict(zip(names, types)) | {k: "constexpr" for k in consts}
     assert list(signature) == names, f"kernel arguments changed: {names}"
@@ -136,7 +138,7 @@ def test_available_reports_triton(monkeypatch):
 def test_late_triton_interpret_is_reported(monkeypatch):
     import triton  # noqa: F401  (as torch.compile or another test may already have done)
 
-    if T._interpreter_mode():
+    if T.interpreter_mode():
         pytest.skip("this pytest process imported triton for the interpreter (TRITON_INTERPRET=1 from the start)")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.delenv("MMTE_DISABLE_TRITON", raising=False)
@@ -225,8 +227,10 @@ def check_interpreter_is_on():
     x = torch.randn(3, 8)
     assert T.available("cpu") == (True, "")
     assert T.dispatches_to_triton(x)
-    assert "add_norm_fwd" in T._kernels()  # built for the interpreter in this process
-    assert T._interpreter_mode()
+    from mmte.te.kernels import jit
+
+    assert "add_norm_fwd" in vars(jit)  # built for the interpreter in this process
+    assert T.interpreter_mode()
 
 
 @pytest.mark.parametrize("D", [192, 384, 100])
@@ -382,13 +386,38 @@ def check_bias_activation_fp16():
     torch.testing.assert_close(gb, gb_ref, rtol=2e-3, atol=2e-2)
 
 
-def check_auto_dispatch_runs_the_kernel(monkeypatch):
-    """``impl="auto"`` on a CPU tensor under the interpreter must go through the Triton Functions."""
+def check_auto_dispatch_runs_the_kernel():
+    """``impl="auto"`` on a CPU tensor under the interpreter must go through the kernels' operators."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
     calls = []
-    orig_norm, orig_act = T._AddNormFn.apply, T._BiasActFn.apply
-    monkeypatch.setattr(T._AddNormFn, "apply", lambda *a: calls.append("norm") or orig_norm(*a))
-    monkeypatch.setattr(T._BiasActFn, "apply", lambda *a: calls.append("act") or orig_act(*a))
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "mmte":
+                calls.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
     x = torch.randn(3, 16)
-    T.fused_add_layer_norm(x, x, torch.ones(16), torch.zeros(16))
-    T.bias_silu(x, torch.zeros(16))
-    assert calls == ["norm", "act"]
+    with Ops():
+        T.fused_add_layer_norm(x, x, torch.ones(16), torch.zeros(16))
+        T.bias_silu(x, torch.zeros(16))
+    assert calls == ["add_norm", "bias_act"]
+
+
+def test_kernels_are_single_ops_to_tracers():
+    """The kernels are torch.library operators with fake implementations: a tracer (torch.compile's,
+    torch.export's) records each as one op with the right output shapes, without running triton."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def block(x, r, w, b):
+        y, h, _mean, _rstd = torch.ops.mmte.add_norm(x, r, w, b, 1e-5, False, False)
+        return torch.ops.mmte.bias_act(y, b, T.ACTIVATIONS["gelu"]) + h
+
+    args = (torch.randn(4, 16, dtype=torch.bfloat16), torch.randn(4, 16), torch.randn(16), torch.randn(16))
+    gm = make_fx(block, tracing_mode="fake")(*args)
+    ops = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert "mmte.add_norm.default" in ops and "mmte.bias_act.default" in ops, ops
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    assert out.meta["val"].shape == (4, 16) and out.meta["val"].dtype == torch.float32

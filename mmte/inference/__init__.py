@@ -1,0 +1,29 @@
+"""The inference path: a trained model made ready for prediction on the machine it runs on.
+
+:func:`optimize` (also ``MetaTransformer.inference()``) returns an :class:`InferenceModel`, a frozen
+copy of the model to which conversions are applied as module swaps (as ``mmte.fp8.convert`` does):
+the backbones' dtype, and on CPUs prepacked GEMMs (:class:`PackedLinear`) and flat layers
+(:class:`PackedTransformerLayer`) through :func:`pack`.
+"""
+
+from .convert import pack, prepack_stack, unpack
+from .layer import PackedTransformerLayer, apply_norm
+from .optimize import DTYPES, InferenceModel, optimize, resolve_dtype
+from .prepack import PACKABLE, SMALL_ROWS, PackedLinear, available, small_available
+
+__all__ = [
+    "DTYPES",
+    "PACKABLE",
+    "SMALL_ROWS",
+    "InferenceModel",
+    "PackedLinear",
+    "PackedTransformerLayer",
+    "apply_norm",
+    "available",
+    "optimize",
+    "pack",
+    "prepack_stack",
+    "resolve_dtype",
+    "small_available",
+    "unpack",
+]
