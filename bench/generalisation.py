@@ -258,7 +258,7 @@ def _merge_folds(a: dict, b: dict) -> dict:
 
 
 def run_audio(args, work: str) -> dict:
-    from mmte.training.datamodule import FolderDataModule
+    from mmte.training.data import FolderDataModule
 
     rec = os.fspath(args.data / "fsdd" / "recordings")
     speakers = FolderDataModule(data_dir=rec, pattern="*.wav", label_regex=r"^(\d+)_", group_regex=r"^\d+_([a-z]+)_", val_fraction=0.0).groups()

@@ -48,7 +48,7 @@ def test_linear_baseline_with_the_recipes_cycle(bench, tmp_path):
     checked against numpy on the naive deseasonalised series."""
     import pandas as pd
 
-    from mmte.training.datamodule import ForecastDataModule
+    from mmte.training.data import ForecastDataModule
 
     rng = np.random.default_rng(1)
     t = pd.date_range("2020-01-01", periods=600, freq="h")

@@ -189,7 +189,7 @@ def test_a_nonfinite_metric_is_never_ranked_best(tmp_path):
 def test_resumable_loader_continues_mid_epoch_exactly():
     """The loader's state after k batches, loaded into a fresh loader, yields exactly the rest of that epoch; a
     state at the end of an epoch starts the next one."""
-    from mmte.training.datamodule import EpochSeededSampler
+    from mmte.training.data import train_sampler as EpochSeededSampler
     from mmte.training.guards import ResumableDataLoader
 
     def loader():

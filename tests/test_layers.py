@@ -95,8 +95,8 @@ def test_the_plan_reads_as_drawn():
     assert FLOORS["fp8"] == FLOORS["parallel"] == FLOORS["tokenizers"] == 3 and FLOORS["encoders"] == 4
     assert FLOORS["cli"] == 7 and UNITS["model_stages"] == UNITS["model_parts"] == "model" and FLOORS["model_stages"] == 5
     assert [m for _, m in imported_modules(PKG / "tokenizers" / "base.py")] == ["mmte.seq"]
-    assert ("mmte.training.datamodule", "mmte.data.datasets") in {(module_name(PKG / "training" / "datamodule.py"), m)
-                                                                 for _, m in imported_modules(PKG / "training" / "datamodule.py")}
+    assert ("mmte.training.data.base", "mmte.data.datasets") in {(module_name(PKG / "training" / "data" / "base.py"), m)
+                                                                for _, m in imported_modules(PKG / "training" / "data" / "base.py")}
 
 
 def test_every_module_has_a_place_on_the_plan():

@@ -49,7 +49,7 @@ def test_there_are_recipes():
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_recipe_parses_and_instantiates(recipe, tmp_path):
     cli = _cli(["--config", str(recipe), *_data_args(recipe.stem)], tmp_path)
-    from mmte.training.datamodule import MMTEDataModule
+    from mmte.training.data import MMTEDataModule
     from mmte.training.module import MMTEModule
 
     assert isinstance(cli.model, MMTEModule)

@@ -21,7 +21,7 @@ clips vary in the ways a new speaker or microphone differs, so the model has to 
 Both augmenters draw from torch's global RNG, which Lightning seeds (``seed_everything``) and
 :class:`mmte.training.MMTEModule` re-seeds each epoch (``epoch_seed``), so runs repeat exactly with
 ``num_workers: 0``. They are applied to the training split only
-(:class:`mmte.training.datamodule.FolderDataModule`'s ``augment``).
+(:class:`mmte.training.data.FolderDataModule`'s ``augment``).
 """
 
 from __future__ import annotations

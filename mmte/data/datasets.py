@@ -7,12 +7,10 @@ registry) with ``Dataset.with_transform``, so decoding happens in the DataLoader
 :func:`cached_preprocess` instead runs the preprocessing once with ``Dataset.map`` into an Arrow file
 whose name is a fingerprint of the inputs and options, so a second run reuses it.
 
-Splits (:func:`split_indices`) are stratified by label, deterministic for a seed, or follow file-name
-patterns (FSDD's convention: recording index 0-4 is the test split), or hold out whole groups (a
-speaker, a site: :func:`group_split`, :func:`leave_one_group_out`). A split may also come from its own
-*source*: a folder, a file or a glob (:func:`list_files`).
+Splits live in :mod:`mmte.data.splits`. A split may also come from its own *source*: a folder, a file
+or a glob (:func:`list_files`).
 
-This module is framework-free (no Lightning); :mod:`mmte.training.datamodule` wraps it.
+This module is framework-free (no Lightning); the DataModules of :mod:`mmte.training.data` wrap it.
 """
 
 from __future__ import annotations
@@ -41,15 +39,12 @@ __all__ = [
     "check_files",
     "file_labels",
     "files_dataset",
-    "group_split",
     "lazy_preprocess",
-    "leave_one_group_out",
     "list_files",
     "pair_by_label",
     "read_table",
     "sklearn_arrays",
     "sort_labels",
-    "split_indices",
 ]
 
 SKLEARN_DATASETS = ("digits", "iris", "wine", "breast_cancer")
@@ -222,46 +217,6 @@ def file_labels(
     return out
 
 
-def group_split(groups: Sequence[str], val_fraction: float = 0.0, test_fraction: float = 0.0, seed: int = 0) -> dict[str, list[str]]:
-    """Whole groups (speakers, sites...) for validation and test: a seeded permutation of the sorted
-    group names; ``round(fraction * n_groups)`` groups each, at least one when the fraction is > 0.
-
-    Returns:
-        ``{"train": [...], "val": [...], "test": [...]}`` group names.
-
-    Raises:
-        ValueError: fractions outside [0, 1), or too few groups to give every split one.
-    """
-    for name, f in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
-        if not 0.0 <= f < 1.0:
-            raise ValueError(f"{name} must be in [0, 1); got {f}")
-    names = sorted(set(groups))
-    order = [names[i] for i in np.random.default_rng(seed).permutation(len(names))]
-    n_val = max(1, round(len(names) * val_fraction)) if val_fraction > 0 else 0
-    n_test = max(1, round(len(names) * test_fraction)) if test_fraction > 0 else 0
-    if n_val + n_test >= len(names):
-        raise ValueError(
-            f"cannot hold out {n_val} validation and {n_test} test group(s) of {len(names)} ({names}) and keep one for training; "
-            f"lower val_fraction/test_fraction or name the groups (val_groups/test_groups)"
-        )
-    return {"val": sorted(order[:n_val]), "test": sorted(order[n_val : n_val + n_test]), "train": sorted(order[n_val + n_test :])}
-
-
-def leave_one_group_out(groups: Sequence[str]) -> list[tuple[str, list[int], list[int]]]:
-    """Leave-one-group-out folds (scikit-learn's ``LeaveOneGroupOut``), one per group in sorted order.
-
-    Returns:
-        ``[(held-out group, train indices, test indices), ...]``.
-    """
-    from sklearn.model_selection import LeaveOneGroupOut
-
-    g = np.asarray(list(groups))
-    folds = []
-    for tr, te in LeaveOneGroupOut().split(np.zeros(len(g)), groups=g):
-        folds.append((str(g[te[0]]), tr.tolist(), te.tolist()))
-    return sorted(folds)
-
-
 def _check_one(path: str, modality: str) -> None:
     if os.path.getsize(path) == 0:
         raise ValueError("empty file")
@@ -420,37 +375,6 @@ def arrays_dataset(x: np.ndarray, y: np.ndarray | None = None, column: str = "x"
     if y is not None:
         cols["label"] = np.asarray(y).tolist()
     return datasets.Dataset.from_dict(cols)
-
-
-# ----------------------------------------------------------------------------------------- splits
-def split_indices(
-    labels: Sequence[int],
-    val_fraction: float = 0.2,
-    test_fraction: float = 0.0,
-    seed: int = 0,
-    stratify: bool = True,
-) -> dict[str, list[int]]:
-    """Deterministic train/val/test index lists; stratified by label (each class split in proportion).
-
-    Raises:
-        ValueError: fractions outside [0, 1) or summing to >= 1.
-    """
-    for name, f in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
-        if not 0.0 <= f < 1.0:
-            raise ValueError(f"{name} must be in [0, 1); got {f}")
-    if val_fraction + test_fraction >= 1.0:
-        raise ValueError(f"val_fraction + test_fraction must be < 1; got {val_fraction} + {test_fraction}")
-    labels = np.asarray(labels)
-    rng = np.random.default_rng(seed)
-    groups = [np.flatnonzero(labels == c) for c in np.unique(labels)] if stratify else [np.arange(len(labels))]
-    out: dict[str, list[int]] = {"train": [], "val": [], "test": []}
-    for g in groups:
-        g = rng.permutation(g)
-        n_val, n_test = round(len(g) * val_fraction), round(len(g) * test_fraction)
-        out["val"] += g[:n_val].tolist()
-        out["test"] += g[n_val : n_val + n_test].tolist()
-        out["train"] += g[n_val + n_test :].tolist()
-    return {k: sorted(v) for k, v in out.items()}
 
 
 def pair_by_label(labels_a: Sequence[int], labels_b: Sequence[int], seed: int = 0) -> list[tuple[int, int]]:

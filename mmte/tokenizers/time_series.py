@@ -10,7 +10,7 @@
    ``P = (L - patch_len) // stride + 1 (+ 1 with end padding)``.
 
 A known seasonal cycle (``season``: its level over the input and forecast steps, e.g. the daily profile
-a :class:`~mmte.training.datamodule.ForecastDataModule` with ``cycle`` computes from the timestamps) is
+a :class:`~mmte.training.data.ForecastDataModule` with ``cycle`` computes from the timestamps) is
 subtracted from the inputs first, and its forecast-step part travels in ``extras["season"]`` so a
 forecasting head adds it back.
 """

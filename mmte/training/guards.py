@@ -15,7 +15,7 @@
 * :class:`ResumableDataLoader`: a ``DataLoader`` that Lightning can resume mid-epoch. Lightning skips
   the batches an interrupted epoch already used only for loaders with ``state_dict``/``load_state_dict``;
   this one records (epoch, batches served) and on resume skips that many batches at the sampler (no data
-  is read for them). With :class:`~mmte.training.datamodule.EpochSeededSampler` the rest of the epoch is
+  is read for them). With :func:`~mmte.training.data.train_sampler` the rest of the epoch is
   then exactly what the uninterrupted run saw.
 """
 

@@ -183,7 +183,7 @@ def test_compute_balance_weighs_trainable_layers_more():
 
 # ------------------------------------------------------------------------------------------- sampler
 def test_sampler_shards_one_global_permutation_into_the_same_global_batches():
-    from mmte.training.datamodule import EpochSeededSampler
+    from mmte.training.data import train_sampler as EpochSeededSampler
 
     n, batch, replicas = 103, 8, 2
     one = list(EpochSeededSampler(n, seed=5))

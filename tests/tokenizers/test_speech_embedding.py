@@ -124,7 +124,7 @@ def test_speech_embedding_errors_name_the_value(tmp_path):
         SpeechEmbedding(tmp_path / "nope.onnx")
     with pytest.raises(ValueError, match=r"expects a log-mel \[B, T >= 76, 32\]; got shape \(1, 40, 32\)"):
         SpeechEmbedding(None)(torch.zeros(1, 40, 32))
-    from mmte.training.datamodule import FolderDataModule
+    from mmte.training.data import FolderDataModule
 
     with pytest.raises(ValueError, match=r"normalize 'train' .* frontend speech_embedding has its own fixed scale"):
         FolderDataModule(data_dir=str(tmp_path), modality="audio", label_regex="^(\\d+)_", normalize="train", preprocess={"frontend": "speech_embedding"})

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmte.training.datamodule import FolderDataModule, TableDataModule
+from mmte.training.data import FolderDataModule, TableDataModule
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from mmte.data import datasets as mds
+from mmte.data.splits import split_indices
 
 
 def _wav(path, seconds=0.3, sr=8000, freq=440.0):
@@ -75,9 +76,9 @@ def test_check_files_error_and_skip(wav_dir, caplog):
 
 def test_split_indices_stratified_deterministic():
     labels = np.repeat(np.arange(5), [10, 20, 30, 40, 50])
-    a = mds.split_indices(labels, 0.2, 0.1, seed=3)
-    b = mds.split_indices(labels, 0.2, 0.1, seed=3)
-    c = mds.split_indices(labels, 0.2, 0.1, seed=4)
+    a = split_indices(labels, 0.2, 0.1, seed=3)
+    b = split_indices(labels, 0.2, 0.1, seed=3)
+    c = split_indices(labels, 0.2, 0.1, seed=4)
     assert a == b and a != c
     allidx = a["train"] + a["val"] + a["test"]
     assert sorted(allidx) == list(range(len(labels)))  # a partition
@@ -85,7 +86,7 @@ def test_split_indices_stratified_deterministic():
         assert sum(labels[i] == cls for i in a["val"]) == round(0.2 * n)
         assert sum(labels[i] == cls for i in a["test"]) == round(0.1 * n)
     with pytest.raises(ValueError, match="must be < 1"):
-        mds.split_indices(labels, 0.6, 0.5)
+        split_indices(labels, 0.6, 0.5)
 
 
 def test_pair_by_label():
@@ -134,23 +135,23 @@ def test_cached_preprocess_reuses_arrow_file(wav_dir, tmp_path):
     assert len(list(cache.glob("mmte-*.arrow"))) == 2
 
 
-def test_epoch_seeded_sampler():
-    from mmte.training.datamodule import EpochSeededSampler
+def test_train_sampler_is_seeded_by_seed_and_epoch():
+    from mmte.training.data import train_sampler
 
-    s = EpochSeededSampler(50, seed=7)
+    s = train_sampler(50, seed=7)
     e0 = list(s)
     assert sorted(e0) == list(range(50)) and list(s) == e0
     s.set_epoch(1)
     e1 = list(s)
     assert e1 != e0 and sorted(e1) == list(range(50))
-    t = EpochSeededSampler(50, seed=7)
+    t = train_sampler(50, seed=7)
     t.set_epoch(1)
     torch.manual_seed(123)  # the global RNG has no influence
     assert list(t) == e1
 
 
 def test_folder_datamodule_batches(wav_dir):
-    from mmte.training.datamodule import FolderDataModule
+    from mmte.training.data import FolderDataModule
 
     dm = FolderDataModule(os.fspath(wav_dir), "audio", "*.wav", label_regex=r"^(\d+)_", val_regex=r"_[0]\.wav$",
                           preprocess={"num_mel_bins": 32}, batch_size=4, max_frames=20)
@@ -164,7 +165,7 @@ def test_folder_datamodule_batches(wav_dir):
 
 
 def test_array_and_paired_datamodules(wav_dir):
-    from mmte.training.datamodule import ArrayDataModule, FolderDataModule, PairedDataModule
+    from mmte.training.data import ArrayDataModule, FolderDataModule, PairedDataModule
 
     img = ArrayDataModule("digits", "image", {"size": None, "mean": None, "std": None, "channels": 1}, val_fraction=0.2)
     x, y, _ = mds.sklearn_arrays("digits")
@@ -197,7 +198,7 @@ def test_array_and_paired_datamodules(wav_dir):
 def test_forecast_datamodule_windows_against_pandas(tmp_path):
     import pandas as pd
 
-    from mmte.training.datamodule import ForecastDataModule
+    from mmte.training.data import ForecastDataModule
 
     rng = np.random.default_rng(0)
     n = 200
@@ -228,7 +229,7 @@ def test_forecast_datamodule_windows_against_pandas(tmp_path):
 def test_table_datamodule_encodes_with_train_statistics(tmp_path):
     import pandas as pd
 
-    from mmte.training.datamodule import TableDataModule
+    from mmte.training.data import TableDataModule
 
     rng = np.random.default_rng(1)
     n = 60
@@ -251,7 +252,7 @@ def test_table_datamodule_encodes_with_train_statistics(tmp_path):
 
 
 def test_array_datamodule_arrow_cache_equals_lazy(tmp_path):
-    from mmte.training.datamodule import ArrayDataModule
+    from mmte.training.data import ArrayDataModule
 
     pre = {"size": None, "mean": [0.5], "std": [0.5], "channels": 1}
     lazy = ArrayDataModule("digits", "image", pre, batch_size=32)

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from mmte.data import datasets as mds
-from mmte.training.datamodule import FolderDataModule, leave_one_group_out, read_data_state
+from mmte.data.splits import group_split, leave_one_group_out
+from mmte.training.data import FolderDataModule, group_folds, read_data_state
 
 SPEAKERS = ("anna", "bob", "cleo")
 GROUP_RX = r"^\d+_([a-z]+)_"
@@ -61,12 +62,12 @@ def test_list_files_folder_file_glob(wavs, tmp_path):
 
 def test_group_split_and_leave_one_group_out():
     groups = ["a", "a", "b", "c", "c", "d"]
-    parts = mds.group_split(groups, 0.25, 0.25, seed=0)
+    parts = group_split(groups, 0.25, 0.25, seed=0)
     assert sorted(parts["train"] + parts["val"] + parts["test"]) == ["a", "b", "c", "d"]
-    assert len(parts["val"]) == 1 and len(parts["test"]) == 1 and parts == mds.group_split(groups, 0.25, 0.25, seed=0)
+    assert len(parts["val"]) == 1 and len(parts["test"]) == 1 and parts == group_split(groups, 0.25, 0.25, seed=0)
     with pytest.raises(ValueError, match=r"cannot hold out 1 validation and 1 test group\(s\) of 2"):
-        mds.group_split(["a", "b"], 0.5, 0.5 - 1e-9)
-    folds = mds.leave_one_group_out(groups)
+        group_split(["a", "b"], 0.5, 0.5 - 1e-9)
+    folds = leave_one_group_out(groups)
     assert [f[0] for f in folds] == ["a", "b", "c", "d"]
     assert folds[2] == ("c", [0, 1, 2, 5], [3, 4])
 
@@ -102,7 +103,7 @@ def test_group_splits_hold_out_whole_speakers(wavs):
         _dm(wavs, group_regex=GROUP_RX, test_groups=["dave"])
     with pytest.raises(ValueError, match=r"^val_groups needs group_regex"):
         _dm(wavs, val_groups=["bob"])
-    folds = list(leave_one_group_out(data_dir=os.fspath(wavs), pattern="*.wav", label_regex=r"^(\d+)_", group_regex=GROUP_RX,
+    folds = list(group_folds(data_dir=os.fspath(wavs), pattern="*.wav", label_regex=r"^(\d+)_", group_regex=GROUP_RX,
                                      val_fraction=0.0, preprocess={"num_mel_bins": 16}))
     assert [g for g, _ in folds] == list(SPEAKERS)
     for g, fold in folds:

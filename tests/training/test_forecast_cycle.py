@@ -12,7 +12,7 @@ import torch
 
 from mmte.heads.heads import ForecastingHead
 from mmte.tokenizers.time_series import TimeSeriesTokenizer
-from mmte.training.datamodule import ForecastDataModule
+from mmte.training.data import ForecastDataModule
 
 
 def _hourly(n: int, start: str = "2016-07-01 00:00", seed: int = 0) -> pd.DataFrame:

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from mmte.data.time_series import ETT_COLUMNS, ETT_HOURLY_BORDERS, ETT_MINUTE_BORDERS, split_borders
-from mmte.training.datamodule import ForecastDataModule
+from mmte.training.data import ForecastDataModule
 
 
 def _frame(n: int, freq: str, columns=ETT_COLUMNS, seed: int = 0) -> pd.DataFrame:

@@ -185,7 +185,7 @@ def test_recall_at_one_against_a_loop():
 def _fit(module, root, steps=3):
     from lightning.pytorch import Trainer
 
-    from mmte.training.datamodule import ArrayDataModule
+    from mmte.training.data import ArrayDataModule
 
     dm = ArrayDataModule("digits", "image", {"size": None, "mean": [0.5], "std": [0.5], "channels": 1}, batch_size=16)
     trainer = Trainer(default_root_dir=root, max_steps=steps, limit_val_batches=2, logger=False, enable_progress_bar=False,

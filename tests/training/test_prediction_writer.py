@@ -16,32 +16,33 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from torch.utils.data import DistributedSampler
 
 from mmte.data import collate_batch
-from mmte.training.datamodule import EpochSeededSampler, ShardedEvalSampler, TableDataModule
+from mmte.training.data import TableDataModule, eval_sampler, train_sampler
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_sharded_training_batches_equal_one_process_batches():
     n, global_batch, replicas = 60, 12, 3
-    one = list(EpochSeededSampler(n, seed=4))
-    ranks = [list(EpochSeededSampler(n, seed=4, num_replicas=replicas, rank=r)) for r in range(replicas)]
+    one = list(train_sampler(n, seed=4))
+    ranks = [list(train_sampler(n, seed=4, num_replicas=replicas, rank=r)) for r in range(replicas)]
     per_rank = global_batch // replicas
     for k in range(n // global_batch):
         together = sorted(i for r in ranks for i in r[k * per_rank : (k + 1) * per_rank])
         assert together == sorted(one[k * global_batch : (k + 1) * global_batch])
     for epoch in (1, 2):  # set_epoch reshuffles every rank the same way as one process
-        s = EpochSeededSampler(n, seed=4, num_replicas=2, rank=1)
+        s = train_sampler(n, seed=4, num_replicas=2, rank=1)
         s.set_epoch(epoch)
-        ref = EpochSeededSampler(n, seed=4)
+        ref = train_sampler(n, seed=4)
         ref.set_epoch(epoch)
         assert list(s) == list(ref)[1::2]
-    odd = [list(EpochSeededSampler(7, seed=0, num_replicas=2, rank=r)) for r in range(2)]
+    odd = [list(train_sampler(7, seed=0, num_replicas=2, rank=r)) for r in range(2)]
     assert len(odd[0]) == len(odd[1]) == 4 and set(odd[0]) | set(odd[1]) == set(range(7))  # padded with the permutation's start
-    cut = [list(EpochSeededSampler(7, seed=0, num_replicas=2, rank=r, drop_last=True)) for r in range(2)]
+    cut = [list(train_sampler(7, seed=0, num_replicas=2, rank=r, drop_last=True)) for r in range(2)]
     assert len(cut[0]) == len(cut[1]) == 3
-    shards = [list(ShardedEvalSampler(11, 3, r)) for r in range(3)]
+    shards = [list(eval_sampler(11, 3, r)) for r in range(3)]
     assert sorted(i for s in shards for i in s) == list(range(11)) and shards[2] == [2, 5, 8]
 
 
@@ -57,7 +58,7 @@ def test_datamodule_shards_by_the_strategy_ranks(tmp_path):
     dm = TableDataModule(_table(tmp_path), label_column="y", val_fraction=0.0, predict=_table(tmp_path), batch_size=4, eval_batch_size=5)
     dm.trainer = SimpleNamespace(strategy=SimpleNamespace(world_size=2, distributed_sampler_kwargs={"num_replicas": 2, "rank": 1}))
     train, pred = dm.train_dataloader(), dm.predict_dataloader()
-    assert isinstance(train.sampler, EpochSeededSampler) and (train.sampler.num_replicas, train.sampler.rank) == (2, 1)
+    assert isinstance(train.sampler, DistributedSampler) and (train.sampler.num_replicas, train.sampler.rank) == (2, 1)
     assert list(pred.sampler) == list(range(1, 23, 2))
     assert [b["index"].tolist() for b in pred] == [[1, 3, 5, 7, 9], [11, 13, 15, 17, 19], [21]]
     dm.trainer = None
@@ -128,7 +129,7 @@ DDP_SCRIPT = textwrap.dedent(
     import sys, torch
     from lightning.pytorch import Trainer
     from mmte.training.callbacks import PredictionWriter
-    from mmte.training.datamodule import TableDataModule
+    from mmte.training.data import TableDataModule
     from mmte.training.module import MMTEModule
 
     src, weights, out = sys.argv[1:4]
@@ -166,7 +167,7 @@ DDP_FIT_SCRIPT = textwrap.dedent(
     """
     import json, sys, torch
     from lightning.pytorch import Callback, Trainer
-    from mmte.training.datamodule import TableDataModule
+    from mmte.training.data import TableDataModule
     from mmte.training.module import MMTEModule
 
     src, out, devices, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])

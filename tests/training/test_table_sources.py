@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mmte.data.tabular import TableSchema, read_frame
-from mmte.training.datamodule import TableDataModule
+from mmte.training.data import TableDataModule
 
 
 @pytest.fixture(scope="module")
