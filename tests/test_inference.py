@@ -80,6 +80,18 @@ def test_fp32_and_fp8_inference():
     assert ((out - ref).norm() / ref.norm()).item() < 0.1  # E4M3 weights and activations
 
 
+def test_fp32_inference_copy_under_bf16_autocast():
+    """Under bf16 autocast (Lightning's bf16-mixed predict) the prepacked fp32 copy runs the backbone's
+    bf16 path, as the plain model does; the packed fp32 GEMMs never see a bf16 activation."""
+    model = _model().eval()
+    batch = _digits(7)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = model(batch)["digit"]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = optimize(model, "fp32")(batch)["digit"]
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
 def test_auto_dtype_and_bad_values(monkeypatch):
     assert resolve_dtype("auto") == ("bf16" if mdev.choose_precision("cpu")[0] == "bf16-mixed" else "fp32")
     avx2 = mdev.CPUInfo("AVX2 box", "AVX2", ("avx2", "fma"), 2, 2)

@@ -182,7 +182,8 @@ class Backbone(TransformerStack):
         ``compute_dtype`` when set (e.g. by :func:`mmte.inference.optimize`), except for inputs of at most
         ``small_rows`` rows without autograd (those stay fp32 for the small-row path); otherwise bf16 when ``x``'s
         device runs under bf16 autocast (Lightning's ``bf16-mixed``) and every GEMM is a plain
-        :class:`~mmte.te.Linear` (FP8 and TE layers keep their own precision handling).
+        :class:`~mmte.te.Linear` or says it takes that path (``lowp_cast``, as a prepacked
+        :class:`mmte.inference.PackedLinear` does); FP8 and TE layers keep their own precision handling.
         """
         if self.compute_dtype is not None:
             if self.small_path(x):
@@ -191,7 +192,8 @@ class Backbone(TransformerStack):
         dev = x.device.type
         if self.backend != "native" or not torch.is_autocast_enabled(dev) or torch.get_autocast_dtype(dev) != torch.bfloat16:
             return None
-        if any(isinstance(m, nn.Linear) and type(m).forward is not Linear.forward for m in self.layers.modules()):
+        if any(isinstance(m, nn.Linear) and not (type(m).forward is Linear.forward or getattr(m, "lowp_cast", False))
+               for m in self.layers.modules()):
             return None
         return torch.bfloat16
 

@@ -194,6 +194,8 @@ class PackedLinear(Linear):
     compiling, a parametrized weight) it runs as its base class.
     """
 
+    lowp_cast = True  # other input dtypes take Linear's bf16 path: a Backbone under autocast may cast to bf16
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., in] -> [..., out]``."""
         got = packed_gemms((self,), x, in_call=True)
