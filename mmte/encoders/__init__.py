@@ -2,13 +2,13 @@
 
 from .backbone import Backbone
 from .convert import (
-    from_hf,
     from_timm,
     load_meta_transformer,
     load_state_dict_file,
     meta_transformer_to_mmte,
     open_clip_to_mmte,
 )
+from .convert_hf import from_hf
 from .encoder import Encoder
 from .presets import PRESETS, BackboneConfig, get_preset, list_presets
 from .sources import BACKBONE_SOURCES, resolve_backbone_source, source_config

@@ -153,7 +153,7 @@ def _bert_folder_backbone(path: str) -> Backbone | None:
         return None
     from safetensors.torch import load_file
 
-    from .convert import bert_backbone
+    from .convert_hf import bert_backbone
 
     sd = {k: v.float() if v.is_floating_point() else v for k, v in load_file(weights).items()}
     try:
@@ -172,7 +172,7 @@ def _load_hf_backbone(path: str) -> Backbone:
         return fast
     import transformers
 
-    from .convert import from_hf
+    from .convert_hf import from_hf
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     cfg = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
