@@ -42,6 +42,13 @@ def write_best(study: Any, path: str) -> str:
                  if not (isinstance(c, dict) and str(c.get("class_path", "")).endswith("tune.callback.OptunaPruning"))]
     trainer["callbacks"] = callbacks or None
     cfg.pop("threads", None)  # the trial's share of the cores; the recipe takes the machine's default
+    # what mmte filled in for the trial (its default logger, the checkpoint folder) is derived again from
+    # default_root_dir, so `mmte fit --config best.yaml --trainer.default_root_dir <dir>` writes only to <dir>
+    logger_cfg = trainer.get("logger")
+    if isinstance(logger_cfg, dict) and os.path.abspath(str((logger_cfg.get("init_args") or {}).get("save_dir", ""))) == os.path.abspath(folder):
+        trainer["logger"] = None
+    if isinstance(cfg.get("checkpoint"), dict):
+        cfg["checkpoint"]["dirpath"] = None
     metric = study.user_attrs.get("metric", "value")
     header = [f"# mmte tune: trial {best.number} of study {study.study_name!r}, best {metric} {best.value:.6g} (validation split)",
               *(f"#   {k}: {v!r}" for k, v in best.params.items()),

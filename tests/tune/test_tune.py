@@ -148,7 +148,7 @@ def test_tune_through_the_cli_prunes_resumes_and_writes_a_reproducible_recipe(tm
     assert r.returncode == 0, r.stderr[-3000:]
     trials = _study(out).get_trials(deepcopy=False)
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    assert sorted(t.params["model.lr"] for t in finished) == [1e-12, 1e-3, 3e-3]
+    assert sorted(t.params["model.lr"] for t in finished) == [1e-12, 1e-3, 3e-3], [(t.number, t.state, t.params) for t in trials]
     assert os.path.getmtime(out / "trials" / str(first[0].number) / "fit.log") == stamp
     assert sum(t.params == first[0].params for t in finished) == 1
     assert all(t.state == TrialState.FAIL for t in trials if t not in finished)
