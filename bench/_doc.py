@@ -23,6 +23,9 @@ DOC = ROOT / "BENCHMARKS.md"
 # the CPU flags that decide which GEMM kernels run (fp32 AVX2 / AVX-512, native bf16, AMX tiles)
 HISTORY = "## History"  # the hand-written list of dated experiment pages closing BENCHMARKS.md
 
+# the load when the script imported this module, i.e. when the benchmark started
+LOAD_AT_START = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
 MACHINE_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
@@ -53,19 +56,38 @@ def machine_line(gpu: str | None = None, note: str = "") -> str:
         parts.append(f"GPU {gpu}")
     parts.append(f"torch {torch.__version__}")
     parts.append(time.strftime("%Y-%m-%d", time.gmtime()))
-    if hasattr(os, "getloadavg"):
-        parts.append(f"load average {os.getloadavg()[0]:.2f} at the end")
+    if LOAD_AT_START is not None:
+        parts.append(f"load average {LOAD_AT_START:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
     if note:
         parts.append(note)
     return "Machine: " + ", ".join(parts) + "."
 
 
+def add_argument(parser, name: str) -> None:
+    """Add ``--update-doc [PATH]`` to a bench script's ``parser`` (PATH: BENCHMARKS.md by default)."""
+    parser.add_argument("--update-doc", nargs="?", const=str(DOC), default=None, metavar="PATH",
+                        help=f"write this run's table into BENCHMARKS.md (or PATH), between the bench:{name} markers")
+
+
 def command_line(script: str, argv: Sequence[str] | None = None) -> str:
-    """The command that ran ``script`` (``bench/<name>.py``), quoted for a shell; ``argv`` defaults to ``sys.argv[1:]``."""
+    """The command that ran ``script`` (``bench/<name>.py``), quoted for a shell, without ``--update-doc [PATH]``.
+
+    ``argv`` defaults to ``sys.argv[1:]``.
+    """
     import shlex
 
-    args = list(sys.argv[1:] if argv is None else argv)
-    return " ".join(["python", script, *(shlex.quote(a) for a in args)])
+    args, out, skip = list(sys.argv[1:] if argv is None else argv), [], False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if a == "--update-doc":
+            skip = i + 1 < len(args) and not args[i + 1].startswith("-") and args[i + 1].endswith(".md")
+            continue
+        if a.startswith("--update-doc="):
+            continue
+        out.append(shlex.quote(a))
+    return " ".join(["python", script, *out])
 
 
 def md_table(headers: Sequence[str], rows: Iterable[Sequence[object]], align: Sequence[str] | None = None) -> str:

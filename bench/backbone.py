@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import _doc
 from mmte import device as mdev
 from mmte.encoders import from_timm
 
@@ -228,6 +229,7 @@ def main() -> None:
     p.add_argument("--json", default="bench/results/backbone.json")
     p.add_argument("--_child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_train", action="store_true", help=argparse.SUPPRESS)
+    _doc.add_argument(p, "backbone")
     args = p.parse_args()
     args.dtype = args.dtype or ("fp32" if args.device == "cpu" else "bf16")
     if args.threads:
@@ -279,6 +281,29 @@ def main() -> None:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=1))
     print(f"\nwrote {args.json}")
+    if args.update_doc:
+        gpu = mdev.info(dev).name if dev.type != "cpu" else None
+        _doc.update_doc("backbone", doc_table(report), _doc.command_line("bench/backbone.py"), args.update_doc,
+                        machine=_doc.machine_line(gpu=gpu, note=f"{args.dtype}, {torch.get_num_threads()} torch threads"))
+
+
+def doc_table(report: list[dict]) -> str:
+    """The rows as BENCHMARKS.md's table; a ratio column whose reference variant did not run is left out."""
+    import math
+
+    ratios = [(k, h) for k, h in (("vs_timm_eager", "vs timm eager"), ("vs_timm_compile", "vs timm compile"),
+                                  ("vs_timm_bf16_autocast", "vs timm bf16 autocast")) if any(not math.isnan(r[k]) for r in report)]
+    memory = any(r["peak_bytes"] is not None for r in report)
+    headers = ["shape", "mode", "variant", "ms/step", "% of matmul rate", *(h for _, h in ratios), *(["step peak MiB"] if memory else [])]
+    cells = [[f"{r['shape']} ({r['depth']} x {r['dim']}, batch {r['batch']} x {r['tokens']})", r["mode"], r["variant"], f"{r['ms']:.1f}",
+              f"{r['pct_matmul']:.1f}%", *(f"{r[k]:.3f}x" for k, _ in ratios),
+              *([("n/a" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.0f}")] if memory else [])] for r in report]
+    table = _doc.md_table(headers, cells, align="lll" + "r" * (len(headers) - 3))
+    return (table + "\n\nSame weights in every variant (the mmte encoder is converted from the timm model), median over interleaved "
+            "rounds. \"% of matmul rate\": achieved GFLOP/s (GEMMs, attention matmuls, patch embedding; a training step counts 3x the "
+            "forward) over the rate `F.linear` reaches at the layer's four GEMM shapes in fp32 in the same run, so bf16 rows can exceed "
+            "100%. \"step peak MiB\": peak RSS growth during one warm step, in a fresh process per variant. Only the ratios compare "
+            "across machines.")
 
 
 if __name__ == "__main__":

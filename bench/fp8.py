@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import _doc
 from mmte import device as mdev
 from mmte import fp8
 
@@ -192,6 +193,7 @@ def main(argv=None) -> dict:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads on the CPU")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    _doc.add_argument(p, "fp8")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -227,7 +229,38 @@ def main(argv=None) -> dict:
     path = out / f"fp8-{info.type}.json"
     path.write_text(json.dumps(result, indent=1))
     print(f"\nwrote {path}")
+    if args.update_doc:
+        command = _doc.command_line("bench/fp8.py", argv)
+        note = f"{torch.get_num_threads()} torch threads"
+        _doc.update_doc("fp8", doc_cpu(rows), command, args.update_doc, machine=_doc.machine_line(note=note))
+        if "gpu_gemm" in result:  # pragma: no cover - needs a GPU
+            _doc.update_doc("fp8-gpu", doc_gpu(result["gpu_gemm"], result["gpu_vit_b16_step"]), command, args.update_doc,
+                            machine=_doc.machine_line(gpu=info.name, note=note), title="FP8 on a GPU")
     return result
+
+
+def doc_cpu(rows: list[dict]) -> str:
+    """The CPU emulation rows as BENCHMARKS.md's table: overhead over fp32, GEMM by GEMM."""
+    table = _doc.md_table(["GEMM", "M x K x N", "variant", "ms", "GFLOP/s", "overhead vs fp32"],
+                          [[r["gemm"], f"{r['M']} x {r['K']} x {r['N']}", r["variant"], f"{r['ms']:.1f}", f"{r['gflops']:.1f}",
+                            f"{r['overhead_vs_fp32']:.2f}x"] for r in rows], align="lllrrr")
+    return (table + "\n\nOne FP8 linear's forward + backward (three GEMMs) at ViT-B/16 GEMM shapes, median over interleaved rounds. "
+            "This CPU has no FP8 arithmetic: the native backend emulates it (quantize/dequantize as the hardware does, fp32 "
+            "matmul), so the figures are overheads over fp32, not speed-ups; `current+_scaled_mm` routes the GEMMs through "
+            "`torch._scaled_mm`. Only the ratios compare: they are taken in the same rounds.")
+
+
+def doc_gpu(gemms: list[dict], steps: list[dict]) -> str:  # pragma: no cover - needs a GPU
+    """The GPU rows as BENCHMARKS.md's tables: E4M3 GEMM TFLOP/s vs bf16, then the ViT-B/16 training step per recipe."""
+    g = _doc.md_table(["GEMM", "M x K x N", "variant", "ms", "TFLOP/s", "vs bf16"],
+                      [[r["gemm"], f"{r['M']} x {r['K']} x {r['N']}", r["variant"], f"{r['ms']:.3f}", f"{r['tflops']:.1f}",
+                        f"{r['speedup_vs_bf16']:.2f}x"] for r in gemms], align="lllrrr")
+    s = _doc.md_table(["variant", "batch", "ms/step", "img/s", "vs bf16", "path or error"],
+                      [[r["variant"], r["batch"], f"{r['ms_per_step']:.1f}" if "ms_per_step" in r else "-",
+                        f"{r['img_per_s']:.1f}" if "img_per_s" in r else "-",
+                        f"{r['speedup_vs_bf16']:.2f}x" if "speedup_vs_bf16" in r else "-", r.get("path", r.get("error", ""))]
+                       for r in steps], align="lrrrrl")
+    return g + "\n\nViT-B/16 training step (bf16 autocast; block and MX recipes emulated in the native backend):\n\n" + s
 
 
 if __name__ == "__main__":

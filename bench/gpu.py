@@ -41,6 +41,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import _doc
+
 SECTIONS = ("train", "fp8", "kernels")
 SHAPES = {"vit-b16": (12, 768, 12), "vit-s16": (12, 384, 6), "vit-l16": (24, 1024, 16)}
 
@@ -57,6 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda")
     p.add_argument("--require-gpu", action="store_true", help="exit 1 when no CUDA device is present")
     p.add_argument("--json", default=str(ROOT / "bench" / "results" / "gpu.json"))
+    _doc.add_argument(p, "gpu")
     a = p.parse_args(argv)
     a.sections = [s for s in a.sections.split(",") if s]
     bad = [s for s in a.sections if s not in SECTIONS]
@@ -267,7 +270,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nleft out to stay within {a.budget_s:.0f} s: {budget.skipped}")
     Path(a.json).write_text(json.dumps(report, indent=1))
     print(f"\nwrote {a.json}")
+    if a.update_doc:
+        _doc.update_doc("gpu", doc_table(report, a), _doc.command_line("bench/gpu.py", argv), a.update_doc,
+                        machine=_doc.machine_line(gpu=name))
     return 0
+
+
+BASELINES = {"train": "timm_bf16_autocast", "fp8": "mmte_bf16", "kernels": "eager"}
+
+
+def doc_table(report: dict, a: argparse.Namespace) -> str:
+    """The sections' variants as one BENCHMARKS.md table, each against its section's baseline."""
+    rows = []
+    for section in a.sections:
+        res = report.get(section, {})
+        base = res.get(BASELINES[section])
+        for k, v in res.items():
+            if not k.endswith("_GBps"):
+                gbs = f"{res[k + '_GBps']:.0f}" if k + "_GBps" in res else ""
+                rows.append([section, k, f"{v:.2f}", gbs, f"{base / v:.2f}x vs {BASELINES[section]}" if base else "-"])
+    table = _doc.md_table(["section", "variant", "ms", "GB/s", "speed"], rows, align="llrrr")
+    left = f"\n\nLeft out to stay within {a.budget_s:.0f} s: {', '.join(report['left_out_for_time'])}." if report.get("left_out_for_time") else ""
+    return (table + f"\n\nShape {a.shape}, batch {a.batch}, median of {a.rounds} interleaved rounds: `train` and `fp8` are one training "
+            "step (forward, backward, SGD), `kernels` the residual add + LayerNorm forward and backward at the layer's activation "
+            "shape." + left)
 
 
 if __name__ == "__main__":

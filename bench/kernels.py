@@ -42,6 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import _doc
 from mmte import device as mdev
 from mmte.te import kernels
 
@@ -148,6 +149,7 @@ def main() -> None:
     p.add_argument("--compile", action="store_true", help="also time torch.compile of the composition")
     p.add_argument("--dry-run", action="store_true", help="CPU: run each case once under TRITON_INTERPRET=1")
     p.add_argument("--json", default="bench/results/kernels.json")
+    _doc.add_argument(p, "kernels")
     args = p.parse_args()
 
     if args.dry_run:
@@ -163,9 +165,10 @@ def main() -> None:
     tokens = args.batch * args.seq
     print(f"device={mdev.info(dev).name}, tokens={args.batch}x{args.seq}={tokens}, "
           f"median of {args.rounds} rounds x {args.iters} calls; GB/s = minimal fused traffic / time")  # fmt: skip
-    print("| case | D | dtype | mode | fused us | torch us | fused GB/s | torch GB/s | speedup |"
-          + (" compile us | compile GB/s | fused vs compile |" if args.compile else "") + " max abs diff fwd |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if args.compile else "") + "---|")
+    lines = ["| case | D | dtype | mode | fused us | torch us | fused GB/s | torch GB/s | speedup |"
+             + (" compile us | compile GB/s | fused vs compile |" if args.compile else "") + " max abs diff fwd |",
+             "|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if args.compile else "") + "---|"]  # fmt: skip
+    print("\n".join(lines))
     report = []
     for dname in args.dtypes.split(","):
         dtype = DTYPES[dname]
@@ -179,7 +182,8 @@ def main() -> None:
                     try:
                         t = time_case(fns, inputs, mode, args.iters, args.rounds, args.warmup, dev)
                     except Exception as e:  # noqa: BLE001 - e.g. a compile failure: report it, keep going
-                        print(f"| {name} | {D} | {dname} | {mode} | failed: {type(e).__name__}: {e} |")
+                        lines.append(f"| {name} | {D} | {dname} | {mode} | failed: {type(e).__name__}: {e} |")
+                        print(lines[-1])
                         continue
                     gbs = {k: nbytes / v / 1e9 for k, v in t.items()}
                     row = {"case": name, "D": D, "tokens": tokens, "dtype": dname, "mode": mode, "bytes": nbytes,
@@ -191,11 +195,18 @@ def main() -> None:
                     if args.compile:
                         row["speedup_vs_compile"] = t["compile"] / t["fused"]
                         line += f" {t['compile'] * 1e6:.1f} | {gbs['compile']:.0f} | {row['speedup_vs_compile']:.2f}x |"
-                    print(line + f" {diff:.1e} |")
+                    lines.append(line + f" {diff:.1e} |")
+                    print(lines[-1])
                     report.append(row)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=1))
     print(f"\nwrote {args.json}")
+    if args.update_doc:
+        note = (f"Tokens {args.batch} x {args.seq} = {tokens}; median of {args.rounds} rounds x {args.iters} calls. GB/s: the least "
+                "traffic the fused kernel must move (each input read once, each output written once) over the time, for every "
+                "variant alike, so the GB/s ratio is the speed ratio and the fused column reads against the GPU's peak bandwidth.")
+        _doc.update_doc("kernels", "\n".join(lines) + "\n\n" + note, _doc.command_line("bench/kernels.py"), args.update_doc,
+                        machine=_doc.machine_line(gpu=mdev.info(dev).name))
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import _doc
 from mmte.parallel.pipeline import bubble_fraction, build_schedule, stage_ids, stages_per_rank
 
 SCHEDULES = ["gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev"]
@@ -181,6 +182,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--dim", type=int, default=16)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "pipeline.json"))
+    _doc.add_argument(ap, "pipeline")
     a = ap.parse_args()
     cfg = {"microbatches": a.microbatches, "schedules": a.schedules, "stage_ms": a.stage_ms, "virtual_stages": a.virtual_stages,
                "steps": a.steps, "dim": a.dim}
@@ -202,6 +204,27 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"config": vars(a), "torch": torch.__version__, "rows": rows}, indent=2))
     print(f"wrote {out}")
+    if a.update_doc:
+        _doc.update_doc("pipeline", doc_table(rows, a.stage_ms, a.steps), _doc.command_line("bench/pipeline.py"), a.update_doc,
+                        machine=_doc.machine_line(note="one process per rank, one torch thread each"))
+
+
+def doc_table(rows: list[dict], stage_ms: float, steps: int) -> str:
+    """The rows as BENCHMARKS.md's table: measured bubble, with the overhead of zero-cost stages taken out, against theory."""
+    cells = []
+    for r in rows:
+        if "skipped" in r:
+            cells.append([r["schedule"], r["pp"], r["microbatches"], "-", f"skipped: {r['skipped']}", "", "", ""])
+        else:
+            cells.append([r["schedule"], r["pp"], r["microbatches"], r["stages_per_rank"], f"{r['measured']:.3f}",
+                          f"{r['measured_minus_overhead']:.3f}", f"{r['theory']:.3f}", f"{r['step_ms']:.0f}"])
+    table = _doc.md_table(["schedule", "p", "m", "stages/rank", "measured", "measured - overhead", "theory", "step ms"], cells,
+                          align="lrrrrrrr")
+    return (table + f"\n\nOne CPU process (gloo) per pipeline rank; synthetic equal-cost stages that sleep ({stage_ms:g} ms forward "
+            "per rank's share, the same for the input-gradient and weight-gradient backward), so the figures do not depend on free "
+            f"cores. Bubble = 1 - busy / step time, mean over ranks and {steps} steps; \"- overhead\" subtracts the same schedule's "
+            "step with zero-cost stages (communication + Python). Theory: (p-1)/(m+p-1) for GPipe/1F1B, (p-1)/(v*m+p-1) "
+            "interleaved, 0 for the zero-bubble schedules (ZBV, DualPipeV), which need m >= 2p to approach it.")
 
 
 if __name__ == "__main__":

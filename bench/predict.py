@@ -44,6 +44,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import _doc
 from mmte import device as mdev
 from mmte.inference import optimize, resolve_dtype
 
@@ -237,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "predict.json"))
     p.add_argument("--dry-run", action="store_true", help="tiny shapes, batch 2, one round, no compile")
+    _doc.add_argument(p, "predict")
     a = p.parse_args(argv)
     models = [m for m in a.models.split(",") if m]
     bad = [m for m in models if m not in MODELS]
@@ -251,18 +253,31 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for m in models:
         rows += run_model(m, a)
-    print("\n| model | variant | batch | latency ms | samples/s | vs baseline | vs ort-fp32 | spread |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['model']} | {r['variant']} | {r['batch']} | {r['latency_ms']:.2f} | {r['samples_per_s']:.1f} | "
-              f"{r['vs_baseline']:.2f}x ({r['baseline']}) | {r['vs_ort_fp32']:.2f}x | {100 * r['spread']:.0f}% |")
+    print("\n" + table(rows))
     if not a.dry_run:
         os.makedirs(os.path.dirname(a.out), exist_ok=True)
         meta = {"command": "python bench/predict.py " + " ".join(sys.argv[1:] if argv is None else argv), "machine": header,
                 "cpu_flags": list(mdev.cpu_info().flags), "torch": torch.__version__, "threads": torch.get_num_threads()}
         Path(a.out).write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
         print(f"\nwrote {a.out}")
+    if a.update_doc and not a.dry_run:
+        note = f"{torch.get_num_threads()} torch threads, mmte inference dtype {a.dtype} -> {resolve_dtype(a.dtype)}"
+        _doc.update_doc("predict", table(rows) + "\n\n" + NOTE, _doc.command_line("bench/predict.py", argv), a.update_doc,
+                        machine=_doc.machine_line(note=note))
     return 0
+
+
+NOTE = ("Median latency per call over interleaved rounds; \"spread\": (max - min) / median over the rounds. Baselines: timm fp32 "
+        "(ViT-S/16) or the torch fp32 model (quickstart); `ort-*` run the graph exported by `mmte.export` in onnxruntime "
+        "(`ort-int8`: its dynamic int8 quantisation); `mmte-inference-*` is `mmte.inference.optimize`'s copy.")
+
+
+def table(rows: list[dict]) -> str:
+    """The rows as one markdown table (stdout and BENCHMARKS.md)."""
+    return _doc.md_table(["model", "variant", "batch", "latency ms", "samples/s", "vs baseline", "vs ort-fp32", "spread"],
+                         [[r["model"], r["variant"], r["batch"], f"{r['latency_ms']:.2f}", f"{r['samples_per_s']:.1f}",
+                           f"{r['vs_baseline']:.2f}x ({r['baseline']})", f"{r['vs_ort_fp32']:.2f}x", f"{100 * r['spread']:.0f}%"] for r in rows],
+                         align="llrrrrrr")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import _doc
+
 
 def _hwm_kib() -> int:
     with open("/proc/self/status") as f:
@@ -108,6 +110,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--fragments", default=None, help="comma-separated fragment names (default: all of configs/parallel)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    _doc.add_argument(ap, "strategies")
     a, rest = ap.parse_known_args()
     if a.worker:
         worker(a.worker, rest[1:] if rest[:1] == ["--"] else rest, a.warmup)
@@ -159,6 +162,23 @@ def main() -> None:
     out = REPO / "bench" / "results" / "strategies.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
+    if a.update_doc:
+        note = f"one torch thread per process; reference: one process, {one['step_s'] * 1e3:.1f} ms/step, peak +{one['peak_mib']:.0f} MiB"
+        _doc.update_doc("strategies", doc_table(rows, one, a), _doc.command_line("bench/strategies.py"), a.update_doc,
+                        machine=_doc.machine_line(note=note))
+
+
+def doc_table(rows: list[tuple], one: dict, a: argparse.Namespace) -> str:
+    """The rows as BENCHMARKS.md's table; the memory ratio only where the reference grew by at least 1 MiB."""
+    headers = ["fragment", "processes", "ms/step", "speed vs one process", "peak MiB/process", "memory vs one", "bubble (measured)",
+               "bubble (theory)"]
+    cells = [[*row[:5], row[5] if one["peak_mib"] >= 1 else "-", *row[6:]] for row in rows]
+    table = _doc.md_table(headers, cells, align="lrrrrrrr")
+    return (table + f"\n\nThe real `mmte fit` of `recipes/{a.recipe}.yaml` per `configs/parallel` fragment, fp32, global batch {a.batch}, "
+            f"median step time over {a.steps} steps after {a.warmup} warm-up steps. Fragments with more processes than the machine "
+            "has cores show that the layout runs, not its speed. Peak memory: the largest growth of any rank's VmHWM over the measured "
+            "steps. The measured bubble folds gloo transfers and stage imbalance into the bubble: "
+            "1 - T1 / (p dp Tpp) against one process's step T1.")
 
 
 if __name__ == "__main__":

@@ -67,3 +67,9 @@ def test_md_table_checks_its_rows(doc):
     assert doc.md_table(["a", "b"], [[1, 2.5]], align="lr") == "| a | b |\n| --- | ---: |\n| 1 | 2.5 |"
     with pytest.raises(ValueError, match=r"table row \['1'\] has 1 cells; expected 2"):
         doc.md_table(["a", "b"], [[1]])
+
+
+def test_the_command_line_leaves_out_update_doc(doc):
+    assert doc.command_line("bench/fp8.py", ["--rounds", "5", "--update-doc", "/tmp/B.md", "--threads", "1"]) == (
+        "python bench/fp8.py --rounds 5 --threads 1")
+    assert doc.command_line("bench/x.py", ["--update-doc", "--steps", "3", "--note", "a b"]) == "python bench/x.py --steps 3 --note 'a b'"
