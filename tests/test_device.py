@@ -135,19 +135,33 @@ def test_this_cpu_matches_proc_cpuinfo():
     assert line.startswith(f"CPU {info.model} ({info.capability}; flags: ") and line.endswith(", 3 torch threads")
 
 
-def test_mmte_env_and_version(capsys):
+@pytest.mark.parametrize(
+    "flags, cpu_flags, precision",
+    [
+        (("amx_bf16", "amx_tile", "avx2", "avx512_bf16", "avx512f"), "amx_bf16, amx_tile, avx2, avx512_bf16, avx512f",
+         "bf16-mixed (the CPU has native bf16 (amx_bf16, avx512_bf16))"),
+        (("avx2", "fma"), "avx2, fma", "32-true (the CPU has no bf16 units (best: avx2); bf16 would run slower than fp32)"),
+        ((), "none of note", "32-true (the CPU has no bf16 units (best: plain); bf16 would run slower than fp32)"),
+    ],
+    ids=["amx", "avx2", "plain"],
+)
+def test_mmte_env_and_version(capsys, monkeypatch, flags, cpu_flags, precision):
+    """``mmte env`` reports the CPU it is given (a fixed one here, not this machine's) and the precision
+    ``auto`` picks for it, written out."""
     from mmte import __version__
     from mmte.cli import main
 
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"mmte {__version__}"
+    cpu = device.CPUInfo("Test CPU", "DEFAULT", flags, 4, 2)
+    monkeypatch.setattr(device, "cpu_info", lambda path="/proc/cpuinfo": cpu)
     assert main(["env", "--json"]) == 0
     env = json.loads(capsys.readouterr().out)
     assert env["mmte"] == __version__ and env["torch"] == torch.__version__
-    info = device.cpu_info()
-    assert env["cpu flags"] == (", ".join(info.flags) or "none of note")
+    assert env["cpu"] == "Test CPU" and env["cores"].startswith("2 physical, 4 logical")
+    assert env["cpu flags"] == cpu_flags
     assert env["torch threads"] == str(torch.get_num_threads())
-    assert env["precision auto"].startswith(device.choose_precision("cpu")[0] + " (")
+    assert env["precision auto"] == precision
     for pkg in ("lightning", "timm", "onnxruntime"):
         assert pkg in env
     from mmte.inference.prepack import available

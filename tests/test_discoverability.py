@@ -41,7 +41,13 @@ def test_mmte_list_sections(capsys, monkeypatch):
     assert main(["list", "presets"]) == 0
     assert _rows(capsys.readouterr().out)["tiny"] == "2 layers x 64, 4 attention heads, MLP 128"
     assert main(["list", "heads"]) == 0
-    assert _rows(capsys.readouterr().out)["regression"] == 'RegressionHead (regression): Pool, then LayerNorm + Linear -> ``[B, out_dim]``; loss ``"mse"``, ``"l1"`` or ``"huber"``'
+    from mmte.heads import RegressionHead
+
+    # a head's row: its class, its task, then the start of its docstring (whatever that says)
+    row = _rows(capsys.readouterr().out)["regression"]
+    assert row.startswith("RegressionHead (regression): "), row
+    summary = row.removeprefix("RegressionHead (regression): ")
+    assert len(summary) > 10 and RegressionHead.__doc__.strip().startswith(summary), (summary, RegressionHead.__doc__)
 
     assert main(["list", "recipes"]) == 0
     rows = _rows(capsys.readouterr().out)
@@ -92,10 +98,13 @@ def test_registered_strategy_names_are_accepted(tmp_path):
     assert line.startswith("mmte: error: unknown strategy 'mmte_tpp2', expected one of auto, ddp,") and "(did you mean 'mmte_tp2'?)" in line, line
 
 
-def test_print_config_shows_what_mmte_adds(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("flags, precision", [(("avx2", "avx512_bf16", "avx512f"), "bf16-mixed"), (("avx2", "fma"), "32-true")],
+                         ids=["avx512-bf16", "avx2"])
+def test_print_config_shows_what_mmte_adds(tmp_path, capsys, monkeypatch, flags, precision):
     from mmte import device
 
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(device, "cpu_info", lambda path="/proc/cpuinfo": device.CPUInfo("Test CPU", "DEFAULT", flags, 2, 2))
     assert main(["fit", "--config", str(QUICK), "--print_config"]) == 0
     cfg = yaml.safe_load(capsys.readouterr().out)
     t = cfg["trainer"]
@@ -104,7 +113,7 @@ def test_print_config_shows_what_mmte_adds(tmp_path, capsys, monkeypatch):
         {"class_path": "lightning.pytorch.callbacks.lr_monitor.LearningRateMonitor", "init_args": {"logging_interval": "step"}},
         {"class_path": "mmte.training.guards.TrainingGuard", "init_args": {}},
     ]
-    assert t["precision"] == device.choose_precision("cpu")[0]  # the recipe's precision: auto, resolved
+    assert t["precision"] == precision  # the recipe's precision, auto, resolved for the CPU: bf16 only with bf16 units
     assert cfg["checkpoint"]["dirpath"] == "runs/quickstart/checkpoints" and cfg["checkpoint"]["monitor"] == "auto"
     # the recipe's heads as written (num_classes, filled from the data at fit time, is not added)
     assert cfg["model"]["heads"] == yaml.safe_load(QUICK.read_text())["model"]["heads"]

@@ -93,9 +93,13 @@ def test_fp32_inference_copy_under_bf16_autocast():
 
 
 def test_auto_dtype_and_bad_values(monkeypatch):
-    assert resolve_dtype("auto") == ("bf16" if mdev.choose_precision("cpu")[0] == "bf16-mixed" else "fp32")
+    amx = mdev.CPUInfo("AMX box", "AVX512", ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f"), 2, 2)
+    monkeypatch.setattr(mdev, "cpu_info", lambda path="/proc/cpuinfo": amx)
+    assert resolve_dtype("auto") == "bf16"
+    assert optimize(_model(), "auto").dtype == "bf16"  # native bf16 units: the bf16 copy
     avx2 = mdev.CPUInfo("AVX2 box", "AVX2", ("avx2", "fma"), 2, 2)
     monkeypatch.setattr(mdev, "cpu_info", lambda path="/proc/cpuinfo": avx2)
+    assert resolve_dtype("auto") == "fp32"
     assert optimize(_model(), "auto").dtype == "fp32"  # never bf16 where it is emulated
     with pytest.raises(ValueError, match=r"inference dtype must be one of \('auto', 'bf16', 'fp32', 'fp8'\); got 'int4'"):
         optimize(_model(), "int4")

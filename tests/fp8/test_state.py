@@ -114,7 +114,15 @@ def test_inference_weights_memory_and_outputs(name):
         fc1.reset_parameters()
 
 
-def test_freeze_helper_counts():
+def test_freeze_helper_counts(caplog):
+    """``freeze_fp8_weights`` stores every FP8Linear's weight in FP8 (4 per layer: QKV, projection, FC1,
+    FC2), and says how many in its log line."""
     m = fp8.convert(Backbone("tiny"), CurrentScaling())
-    fp8.freeze_fp8_weights(m)
-    assert all(mod.fp8_inference for mod in m.modules() if isinstance(mod, FP8Linear))
+    linears = [mod for mod in m.modules() if isinstance(mod, FP8Linear)]
+    assert len(linears) == 4 * m.config.num_layers
+    assert not any(mod.fp8_inference for mod in linears)
+    with caplog.at_level("INFO", logger="mmte"):
+        fp8.freeze_fp8_weights(m)
+    assert all(mod.fp8_inference for mod in linears)
+    assert all(mod.weight.dtype == torch.float8_e4m3fn and not isinstance(mod.weight, torch.nn.Parameter) for mod in linears)
+    assert f"stored {len(linears)} FP8Linear weights in FP8 for inference" in caplog.text

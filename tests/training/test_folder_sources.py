@@ -194,7 +194,8 @@ def test_train_fbank_statistics_are_fitted_on_train_only_and_saved(wavs, tmp_pat
     allv = torch.cat([r.reshape(-1) for r in raw])
     mean, std = float(allv.mean()), float(allv.std(unbiased=False))
     assert dm.fbank_stats == pytest.approx([mean, std], rel=1e-6)
-    item = dm._ensure("val")[0]["audio"]
+    dm.setup("validate")
+    item = dm.datasets["val"][0]["audio"]
     ref = preprocess_audio(os.fspath(wavs / "0_cleo_0.wav"), target_rate=8000, num_mel_bins=16, mean=mean, std=std)
     torch.testing.assert_close(item, ref, rtol=1e-5, atol=1e-5)
     # saved and read back: a run on other data does not refit
@@ -219,7 +220,8 @@ def test_state_dict_round_trip_and_restore(wavs):
     sub.setup()
     sub.load_state_dict(sd)  # what Lightning does when restoring a checkpoint
     assert sub.class_names == ["0", "1", "2"] and sub.datasets == {}
-    assert int(sub._ensure("train")[0]["label"]) == 1  # "1_anna_0.wav" is class 1 of the saved map
+    sub.setup("fit")
+    assert int(sub.datasets["train"][0]["label"]) == 1  # "1_anna_0.wav" is class 1 of the saved map
     with pytest.raises(ValueError, match=r"^the checkpoint's data is modality 'image'; this run's is 'audio'$"):
         sub.load_state_dict({**sd, "modality": "image"})
 
@@ -236,8 +238,8 @@ def test_group_norm_standardises_each_clip_by_its_speakers_statistics(wavs, tmp_
     _wav(other / "untitled.wav", seconds=0.5, freq=820.0)
     dm = _dm(wavs, group_regex=GROUP_RX, val_groups=["bob"], group_norm=True, predict=os.fspath(other))
     with caplog.at_level(logging.INFO, logger="mmte"):
-        dm.setup()
-        pred = dm._ensure("predict")
+        dm.setup()  # every split, and predict (it has a source)
+        pred = dm.datasets["predict"]
 
     def ref(folder, names):
         fbs = [preprocess_audio(os.fspath(folder / n), target_rate=8000, num_mel_bins=16).double() for n in names]
@@ -249,13 +251,13 @@ def test_group_norm_standardises_each_clip_by_its_speakers_statistics(wavs, tmp_
             **ref(wavs, [n for n in sorted(os.listdir(wavs)) if "_bob_" in n]), **ref(other, ["1_zed_0.wav", "1_zed_1.wav"]),
             **ref(other, ["untitled.wav"])}
     for split in ("train", "val"):
-        ds = dm._ensure(split)
+        ds = dm.datasets[split]
         assert len(ds) == len(dm.row_names(split)) > 0
         for i, n in enumerate(dm.row_names(split)):
             torch.testing.assert_close(ds[i]["audio"], want[n], rtol=1e-4, atol=1e-4)
     for i, n in enumerate(dm.row_names("predict")):
         torch.testing.assert_close(pred[i]["audio"], want[n], rtol=1e-4, atol=1e-4)
-    x = torch.cat([dm._ensure("val")[i]["audio"] for i in range(9)])  # all of bob: zero mean, unit std per bin
+    x = torch.cat([dm.datasets["val"][i]["audio"] for i in range(9)])  # all of bob: zero mean, unit std per bin
     torch.testing.assert_close(x.mean(0), torch.zeros(16), rtol=0, atol=1e-4)
     torch.testing.assert_close(x.std(0, unbiased=False), torch.ones(16), rtol=0, atol=1e-4)
     assert "val split: each clip standardised per mel bin by its group's statistics (group_norm): 1 group(s)" in caplog.text
@@ -274,7 +276,7 @@ def test_group_norm_with_augmentation_uses_the_unaugmented_statistics(wavs):
     aug = _dm(wavs, group_regex=GROUP_RX, test_groups=["cleo"], val_fraction=0.0, group_norm=True, augment={"gain_db": 6})
     plain.setup("fit")
     aug.setup("fit")
-    a, b = plain._ensure("train")[0]["audio"], aug._ensure("train")[0]["audio"]
+    a, b = plain.datasets["train"][0]["audio"], aug.datasets["train"][0]["audio"]
     assert a.shape == b.shape
     d = b - a
     assert not torch.allclose(d, torch.zeros_like(d), atol=1e-3)

@@ -110,7 +110,7 @@ def test_param_groups_decay_and_layer_decay():
     m = MMTEModule(TOKS, "tiny", HEADS, freeze=["backbone.layers.0.*"], layer_decay=0.5, weight_decay=0.1, lr=1.0,
                    data_info={"num_classes": 10})
     m.configure_model()
-    groups = m._param_groups()
+    groups = m.configure_optimizers()["optimizer"].param_groups  # what Lightning gets
     by_param = {id(p): g for g in groups for p in g["params"]}
     names = dict(m.model.named_parameters())
     assert all(not names[n].requires_grad for n in names if n.startswith("backbone.layers.0."))
@@ -122,9 +122,9 @@ def test_param_groups_decay_and_layer_decay():
     for n in ("tokenizers.image.pos_embed", "tokenizers.image.cls_token", "tokenizers.image.proj.bias", "heads.digit.mlp.0.weight"):
         assert g(n)["weight_decay"] == 0.0, n
     L = 2
-    assert g("heads.digit.mlp.1.weight")["lr"] == 1.0
-    assert g("backbone.layers.1.self_attention.proj.weight")["lr"] == 0.5 ** (L - 1 - 1)
-    assert g("tokenizers.image.proj.weight")["lr"] == 0.5 ** (L - 1 + 1)
+    assert g("heads.digit.mlp.1.weight")["initial_lr"] == 1.0  # the group's rate before the schedule scales it
+    assert g("backbone.layers.1.self_attention.proj.weight")["initial_lr"] == 0.5 ** (L - 1 - 1)
+    assert g("tokenizers.image.proj.weight")["initial_lr"] == 0.5 ** (L - 1 + 1)
 
 
 def test_lora_lr_scale_sets_the_adapters_learning_rate():
@@ -133,7 +133,7 @@ def test_lora_lr_scale_sets_the_adapters_learning_rate():
     lora = {"rank": 2, "alpha": 4, "lr_scale": 0.1}
     m = MMTEModule(TOKS, "tiny", HEADS, lora=lora, layer_decay=0.5, lr=1.0, warmup=0, data_info={"num_classes": 10})
     m.configure_model()
-    groups = m._param_groups()
+    groups = m.configure_optimizers()["optimizer"].param_groups  # what Lightning gets
     by_param = {id(p): g for g in groups for p in g["params"]}
     names = dict(m.model.named_parameters())
     trainable = [n for n, p in names.items() if p.requires_grad]
@@ -142,7 +142,7 @@ def test_lora_lr_scale_sets_the_adapters_learning_rate():
         want = 1.0 if n.startswith("heads.") else 0.5 ** 2 if n.startswith("tokenizers.") else None
         if ".lora." in n:
             want = 0.1 * 0.5 ** (2 - 1 - int(n.split(".")[2]))
-        assert math.isclose(by_param[id(names[n])]["lr"], want, rel_tol=1e-12), n
+        assert math.isclose(by_param[id(names[n])]["initial_lr"], want, rel_tol=1e-12), n
     with pytest.raises(ValueError, match="lr_scale must be a positive finite number.*got 0"):
         MMTEModule(TOKS, "tiny", HEADS, lora={"lr_scale": 0}, data_info={"num_classes": 10}).configure_model()
 
