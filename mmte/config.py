@@ -12,6 +12,14 @@ naming the option and what was expected, before anything is built:
   modality, derived from the class's keyword arguments at the time it is asked for, so a head or
   modality registered later (from Python, a class path or an entry point) gets one too.
   :func:`check_head_entry` / :func:`check_tokenizer_entry` validate a recipe entry against it.
+* :data:`HeadEntry` / :data:`TokenizerEntry` — one dataclass per section whose fields are the entry keys
+  plus every option of every registered head (resp. tokenizer), each ``| None`` (None: not set). They
+  type ``MMTEModule``'s ``heads`` and ``tokenizers``, so the ``mmte`` parser merges
+  ``--model.heads.digit.dropout 0.1`` into the recipe's entry and refuses an option no registered class
+  has, or a value of the wrong type, itself. :func:`refresh_entry_types` rebuilds them after a
+  registration (the CLI calls it before building its parser); :func:`entry_dict` turns a parsed entry
+  back into plain data (None fields dropped), which :func:`check_head_entry` then checks against the
+  entry's own class.
 
 Class choices are registry names (``name: classification``) or class paths, so every config serialises
 as plain data (:meth:`LoRAConfig.as_dict`, :meth:`OptimConfig.as_dict`).
@@ -20,23 +28,33 @@ as plain data (:meth:`LoRAConfig.as_dict`, :meth:`OptimConfig.as_dict`).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+from jsonargparse.typing import restricted_string_type
 
 from .errors import UsageError, closest
 from .heads import get_head
+from .heads.registry import HEADS
 from .registry import entry_from_class_path
-from .tokenizers.registry import _hint_text, _init_hints, _type_ok, config_from_signature, get_modality
+from .tokenizers.registry import MODALITIES, _hint_text, _init_hints, _type_ok, config_from_signature, get_modality
 
 __all__ = [
     "HEAD_ENTRY_KEYS",
+    "HeadEntry",
     "LoRAConfig",
     "OptimConfig",
+    "TokenizerEntry",
+    "check_entry_strings",
     "check_head_entry",
     "check_tokenizer_entry",
+    "entry_dict",
     "head_config",
+    "refresh_entry_types",
     "tokenizer_config",
 ]
 
@@ -150,6 +168,43 @@ class OptimConfig:
 
 
 # ------------------------------------------------------------------------------- entries
+def _forwarding_chain(cls: type) -> list[type]:
+    """``cls`` and, while an ``__init__`` forwards ``**kwargs`` to its parent, the parents whose options it takes."""
+    chain = [cls]
+    for base in cls.__mro__[1:]:
+        params = inspect.signature(chain[-1].__init__).parameters.values()
+        if not any(p.kind is p.VAR_KEYWORD for p in params) or base.__init__ is chain[-1].__init__:
+            break
+        if base.__module__.startswith("torch."):
+            break
+        chain.append(base)
+    return chain
+
+
+def _forwarded_config(cls: type) -> type:
+    """:func:`~mmte.tokenizers.registry.config_from_signature` of ``cls``, with the options its ``**kwargs``
+    forwards to its parents (``AttentionPoolHead(dim, num_classes, **kwargs)`` takes ClassificationHead's)."""
+    chain = _forwarding_chain(cls)
+    if len(chain) == 1:
+        return config_from_signature(cls)
+    seen: dict[str, dataclasses.Field] = {}
+    for c in chain:
+        for f in dataclasses.fields(config_from_signature(c)):
+            seen.setdefault(f.name, f)
+    required = [(n, f.type) for n, f in seen.items() if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    optional = [(n, f.type, dataclasses.field(default=f.default, default_factory=f.default_factory)) for n, f in seen.items()
+                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING]
+    return dataclasses.make_dataclass(f"{cls.__name__}Config", required + optional, frozen=True)
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    """``cls.__init__``'s annotations, with those of the parents its ``**kwargs`` forwards to."""
+    out: dict[str, Any] = {}
+    for c in reversed(_forwarding_chain(cls)):
+        out.update(_init_hints(c))
+    return out
+
+
 def head_config(name: str) -> type:
     """The config dataclass of the head registered as ``name`` (or a class path): its keyword arguments
     except ``dim``, plus the entry keys :data:`HEAD_ENTRY_KEYS`.
@@ -158,7 +213,7 @@ def head_config(name: str) -> type:
         UnknownHeadError: (a ``ValueError``) for an unknown name, listing the registered heads.
     """
     cls = get_head(name)
-    own = config_from_signature(cls)
+    own = _forwarded_config(cls)
     extra = [("name", str, dataclasses.field(default=name)), ("inputs", Any, dataclasses.field(default=None)),
              ("target", Any, dataclasses.field(default=None)), ("weight", float, dataclasses.field(default=1.0))]
     return dataclasses.make_dataclass(f"{cls.__name__}Entry", extra, bases=(own,), frozen=True)
@@ -182,7 +237,7 @@ def _check_options(what: str, cls: type, options: Mapping[str, Any], allowed: Se
         hit = closest(unknown[0], names)
         raise UsageError(f"unknown {what} option(s) {unknown}", f"expected some of {names}" + (f" (did you mean {hit[0]!r}?)" if hit else ""),
                          "fix or drop them")
-    hints = _init_hints(cls)
+    hints = _hints(cls)
     for k, v in options.items():
         hint = hints.get(k)
         if hint is not None and not _type_ok(v, hint):
@@ -225,4 +280,132 @@ def check_tokenizer_entry(key: str, entry: str | Mapping[str, Any]) -> None:
         return
     cfg = dict(entry_from_class_path(entry))
     modality = get_modality(cfg.pop("name", key))
+    cfg.pop("dim", None)  # refused when the tokenizer is built, naming the backbone's width
     modality.make_config(**cfg)
+
+
+# ------------------------------------------------------------------------- the parser's entry types
+#: values an option takes besides its class's annotation, because the data fills them in later
+#: (:func:`mmte.training.model_spec.apply_data_info`)
+DATA_FILLED = {"num_patches": Literal["auto"]}
+
+#: a registry name or class path (``image``, ``pkg.mod.Class``, ``pkg.mod:Class``): a tokenizer entry's short form
+RegistryName = restricted_string_type("RegistryName", r"^[A-Za-z_][\w.:]*$")
+
+#: the head entry keys that are not options of the head class, with their types
+_HEAD_KEYS = {"inputs": str | list[str], "target": str, "weight": float}
+
+
+def _option_types(classes: Sequence[type], fields_of) -> dict[str, Any]:
+    """``{option: annotation}`` over ``classes``: each option typed as its classes annotate it (a Union where
+    they differ, ``Any`` where one does not annotate it), plus :data:`DATA_FILLED`."""
+    seen: dict[str, list[Any]] = {}
+    for cls in classes:
+        hints = _hints(cls)
+        for name in fields_of(cls):
+            seen.setdefault(name, []).append(hints.get(name, Any))
+    out: dict[str, Any] = {}
+    for name, hints in seen.items():
+        if name in DATA_FILLED:
+            hints = [*hints, DATA_FILLED[name]]
+        uniq = list(dict.fromkeys(hints))
+        out[name] = Any if Any in uniq else (uniq[0] if len(uniq) == 1 else typing.Union[tuple(uniq)])  # noqa: UP007 - built from a list
+    return out
+
+
+def _entry_type(cls_name: str, doc: str, types: Mapping[str, Any]) -> type:
+    fields_ = [(k, t if t is Any else t | None, dataclasses.field(default=None)) for k, t in types.items()]
+    cls = dataclasses.make_dataclass(cls_name, [("name", str | None, dataclasses.field(default=None)), *fields_])
+    cls.__module__, cls.__doc__ = __name__, doc  # the parser imports it by this path
+    return cls
+
+
+def refresh_entry_types() -> tuple[type, type]:
+    """Rebuild :data:`HeadEntry` and :data:`TokenizerEntry` from the heads and modalities registered now
+    (built-ins, entry points, and class paths resolved so far).
+
+    Returns:
+        ``(HeadEntry, TokenizerEntry)``.
+    """
+    global HeadEntry, TokenizerEntry, _registered
+    heads = [cls for _, cls in HEADS.items()]
+    specs = [spec for _, spec in MODALITIES.items()]
+    now = (tuple(heads), tuple((s.tokenizer, s.config) for s in specs))
+    if now == _registered:  # the same classes: keep the types a parser built earlier holds
+        return HeadEntry, TokenizerEntry
+    _registered = now
+    head_opts = _option_types(heads, lambda c: [f.name for f in dataclasses.fields(_forwarded_config(c))])
+    for k in HEAD_ENTRY_KEYS:
+        head_opts.pop(k, None)
+    HeadEntry = _entry_type(
+        "HeadEntry",
+        "A ``model.heads`` entry: ``name`` (a registered head or a class path; None: the modality's default head), "
+        "``inputs``, ``target``, ``weight`` and the head's options (None: not set).",
+        {**_HEAD_KEYS, **head_opts},
+    )
+    tok_opts = _option_types([s.tokenizer for s in specs], lambda c: [])
+    for s in specs:
+        hints = _init_hints(s.tokenizer)
+        for f in dataclasses.fields(s.config):
+            t = hints.get(f.name, Any)
+            old = tok_opts.get(f.name)
+            tok_opts[f.name] = t if old is None or old == t else (Any if Any in (old, t) else old | t)
+    tok_opts.pop("name", None)
+    tok_opts["dim"] = int  # refused by the model with the backbone's width in the message
+    TokenizerEntry = _entry_type(
+        "TokenizerEntry",
+        "A ``model.tokenizers`` entry: ``name`` (a registered modality or a class path; None: the entry's key) and "
+        "the tokenizer's options (None: not set).",
+        tok_opts,
+    )
+    return HeadEntry, TokenizerEntry
+
+
+def check_entry_strings(section: str, key: str, entry: Any) -> None:
+    """Refuse a string where the entry's class annotates an option without ``str`` (``patch_size: '4'``), in the
+    line :func:`check_tokenizer_entry` / :func:`check_head_entry` give: the parser would read it as the number.
+    For a recipe's raw entries, before parsing; unknown names and options are left to the parser and the checks.
+
+    Raises:
+        UsageError: naming the option, its value and the type expected.
+    """
+    if not isinstance(entry, Mapping):
+        return
+    name = entry.get("name", key if section == "tokenizers" else None)
+    if not isinstance(name, str):
+        return
+    try:
+        cls = get_head(name) if section == "heads" else get_modality(name).tokenizer
+    except ValueError:
+        return  # an unknown name: the model's check names it
+    hints = _hints(cls)
+    for k, v in entry.items():
+        hint = hints.get(k)
+        if not isinstance(v, str) or hint is None or _type_ok(v, hint):
+            continue
+        if section == "heads":
+            raise UsageError(f"model.heads.{key} ({name}) option {k} is {v!r} (a str)", f"expected {_hint_text(hint)}",
+                             "no quotes: a quoted number is a string")
+        fix = f"write {k}: {v}" if v.strip().lstrip("-").replace(".", "", 1).isdigit() else "see the tokenizer's docstring"
+        raise UsageError(f"{get_modality(name).name} tokenizer option {k} is {v!r} (a str)", f"expected {_hint_text(hint)}",
+                         fix + " (no quotes: a quoted number is a string)")
+
+
+def entry_dict(entry: Any) -> Any:
+    """A parsed entry (a :data:`HeadEntry` / :data:`TokenizerEntry`, a jsonargparse Namespace or a mapping) as
+    plain data without its unset (None) fields; a string or a ready module unchanged."""
+    if dataclasses.is_dataclass(entry) and not isinstance(entry, type):
+        entry = {f.name: getattr(entry, f.name) for f in dataclasses.fields(entry)}
+    elif hasattr(entry, "as_dict") and not isinstance(entry, Mapping):
+        entry = entry.as_dict()
+    if not isinstance(entry, Mapping):
+        return entry
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in entry.items() if v is not None}
+
+
+_registered: tuple = ()  # the classes the entry types were built from
+#: the ``model.heads`` entry type the parser reads (rebuilt by :func:`refresh_entry_types`)
+HeadEntry: type
+#: the ``model.tokenizers`` entry type the parser reads (rebuilt by :func:`refresh_entry_types`)
+TokenizerEntry: type
+refresh_entry_types()

@@ -289,6 +289,50 @@ def test_entry_flags_merge_into_the_recipe_entry(capsys):
     assert "mmte: error: --model.heads.fc.dropout: the model has no head 'fc', expected one of: forecast" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (["--model.heads.forecast.dropuot", "0.1"],
+         "mmte: error: --model.heads.forecast.dropuot: no registered head has the option 'dropuot', expected one of name, inputs, "),
+        (["--model.heads.forecast.dropout", "abc"],
+         ("mmte: error: --model.heads.forecast.dropout is 'abc', expected float or null, fix the value (no quotes around numbers; "
+         "mmte list heads shows the heads)")),
+        (["--model.heads.forecast.num_patches", "many"], "mmte: error: --model.heads.forecast.num_patches is 'many', expected int or 'auto' or null"),
+        (["--model.tokenizers.time_series.patch_len=x"], "mmte: error: --model.tokenizers.time_series.patch_len is 'x', expected int or null"),
+        (["--model.heads", "{forecast: {class_path: mmte.heads.ForecastingHead, init_args: {dropout: 0.1}}}"],
+         ("mmte: error: model.heads.forecast is spelt {class_path: mmte.heads.ForecastingHead, init_args: ...}, expected name: <registry name "
+         "or class path> with the options beside it, write forecast: {name: mmte.heads.ForecastingHead, dropout: 0.1}")),
+    ],
+)
+def test_entry_options_are_typed_by_the_parser(flags, line, capsys):
+    """An option no registered head (tokenizer) has, or a value of the wrong type, is the parser's error, shown as
+    one line naming the entry, the option, the value and what was expected."""
+    recipe = str(ROOT / "recipes" / "etth1_forecast.yaml")
+    assert main(["fit", "--config", recipe, *flags, "--print_config"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(line), err[-1]
+    assert sum(ln.startswith("mmte: error:") for ln in err) == 1
+    if "dropuot" in line:
+        assert err[-1].endswith("(did you mean 'dropout'?), fix the spelling or drop it (mmte list heads shows the heads)")
+
+
+def test_predict_rebuilds_the_model_from_the_checkpoint_config(tmp_path, capsys):
+    """The checkpoint stores the typed heads and tokenizers as plain data: ``mmte predict --ckpt_path`` with a recipe
+    that lacks the trained head option (and no ``--model`` flags) builds the trained model."""
+    root = tmp_path / "run"
+    base = ["--config", str(QUICK), "--config", str(TINY), "--trainer.default_root_dir", str(root), *FAST]
+    assert main(["fit", *base, "--model.heads.digit.hidden", "16", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2",
+                 "--trainer.limit_val_batches", "1"]) == 0
+    ckpt = torch.load(root / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert ckpt["hyper_parameters"]["heads"] == {"digit": {"name": "classification", "pool": "mean", "hidden": 16, "label_smoothing": 0.1}}
+    assert ckpt["hyper_parameters"]["tokenizers"] == {"image": {"name": "image", "img_size": 8, "patch_size": 8, "in_chans": 1}}
+    capsys.readouterr()
+    assert main(["predict", *base, "--ckpt_path", "last", "--trainer.limit_predict_batches", "1", "--prediction_writer.print_rows", "0"]) == 0
+    assert "mmte: error" not in capsys.readouterr().err
+    assert main(["predict", *base, "--ckpt_path", "last", "--model.heads.digit.hidden", "32"]) == 2
+    assert "mmte: error: --model.heads is " in capsys.readouterr().err  # an explicit flag must agree with the checkpoint
+
+
 def test_command_line_trainer_precision_wins_over_the_recipe():
     """A recipe's ``precision: auto`` must not override ``--trainer.precision`` given on the command line."""
     from jsonargparse import Namespace

@@ -9,7 +9,16 @@ import pytest
 import torch
 from jsonargparse import ArgumentParser
 
-from mmte.config import LoRAConfig, OptimConfig, check_head_entry, check_tokenizer_entry, head_config, tokenizer_config
+from mmte import config
+from mmte.config import (
+    LoRAConfig,
+    OptimConfig,
+    check_head_entry,
+    check_tokenizer_entry,
+    entry_dict,
+    head_config,
+    tokenizer_config,
+)
 from mmte.errors import UsageError
 from mmte.heads import ClassificationHead, register_head
 from mmte.heads.registry import HEADS
@@ -108,6 +117,65 @@ def test_a_head_registered_later_gets_a_config():
         HEADS.unregister("test_config_head")
 
 
+def test_a_head_forwarding_kwargs_takes_its_parents_options():
+    """``__init__(self, dim, num_classes, **kwargs)`` passing them to ClassificationHead takes its options."""
+    @register_head("test_config_forwarding")
+    class _Head(ClassificationHead):
+        def __init__(self, dim: int, num_classes: int, **kwargs):
+            super().__init__(dim, num_classes, **kwargs)
+
+    try:
+        check_head_entry("h", {"name": "test_config_forwarding", "dropout": 0.1})
+        with pytest.raises(UsageError, match="option dropout is 'x'"):
+            check_head_entry("h", {"name": "test_config_forwarding", "dropout": "x"})
+    finally:
+        HEADS.unregister("test_config_forwarding")
+
+
+# ---------------------------------------------------------------------------------- parser entry types
+def _entry_parser():
+    p = ArgumentParser(exit_on_error=False)
+    p.add_argument("--heads", type=dict[str, config.HeadEntry] | None, default=None)
+    p.add_argument("--tokenizers", type=dict[str, config.TokenizerEntry | str] | None, default=None)
+    return p
+
+
+def test_the_parser_types_head_and_tokenizer_entries():
+    """Every registered head's options, typed: a flag merges into the recipe's entry, an option no head has or a
+    wrong type is the parser's error; unset options are None and dropped by entry_dict."""
+    p = _entry_parser()
+    ns = p.parse_args(["--heads", "{digit: {name: classification, pool: cls}}", "--heads.digit.dropout", "0.1",
+                       "--tokenizers", "{image: {name: image, patch_size: 4}, audio: audio}", "--tokenizers.image.in_chans", "1"])
+    assert entry_dict(ns.heads["digit"]) == {"name": "classification", "pool": "cls", "dropout": 0.1}
+    assert entry_dict(ns.tokenizers["image"]) == {"name": "image", "patch_size": 4, "in_chans": 1}
+    assert ns.tokenizers["audio"] == "audio"
+    assert entry_dict(p.parse_args(["--heads", "{f: {name: forecasting, num_patches: auto}}"]).heads["f"]) == {
+        "name": "forecasting", "num_patches": "auto"}
+    with pytest.raises(Exception, match="dropuot"):
+        p.parse_args(["--heads", "{digit: {name: classification}}", "--heads.digit.dropuot", "0.1"])
+    with pytest.raises(Exception, match="dropout"):
+        p.parse_args(["--heads", "{digit: {name: classification}}", "--heads.digit.dropout", "abc"])
+
+
+def test_entry_types_follow_the_registry():
+    """A head registered later adds its options once the types are rebuilt; the same registry keeps the same types."""
+    before = config.refresh_entry_types()
+    assert config.refresh_entry_types() == before  # unchanged registry: the types a parser holds stay valid
+
+    @register_head("test_config_entry_head")
+    class _Head(ClassificationHead):
+        def __init__(self, dim: int, num_classes: int, temperature: float = 1.0):
+            super().__init__(dim, num_classes)
+
+    try:
+        head_entry, _ = config.refresh_entry_types()
+        assert {f.name: f.type for f in dataclasses.fields(head_entry)}["temperature"] == float | None
+    finally:
+        HEADS.unregister("test_config_entry_head")
+        config.refresh_entry_types()
+    assert "temperature" not in {f.name for f in dataclasses.fields(config.HeadEntry)}
+
+
 # ---------------------------------------------------------------------------------- module
 def test_module_refuses_a_bad_head_option_before_building():
     from mmte.training.module import MMTEModule
@@ -132,3 +200,13 @@ def test_typed_config_round_trip_through_a_checkpoint(tmp_path):
     assert again.lora == m.lora and again.optim == m.optim
     assert again.head_cfg == m.head_cfg and again.tokenizer_cfg == m.tokenizer_cfg
     assert sorted(again._full_meta().state_dict()) == sorted(m._full_meta().state_dict())
+
+
+def test_module_stores_typed_entries_as_plain_data():
+    """Entries the parser typed (HeadEntry / TokenizerEntry) are stored without their unset options."""
+    from mmte.training.module import MMTEModule
+
+    m = MMTEModule({"image": config.TokenizerEntry(name="image", img_size=8, patch_size=4, in_chans=1)}, "tiny",
+                   {"digit": config.HeadEntry(name="classification", dropout=0.1)}, data_info={"num_classes": 3})
+    assert m.hparams["heads"] == {"digit": {"name": "classification", "dropout": 0.1}}
+    assert m.hparams["tokenizers"] == {"image": IMG}

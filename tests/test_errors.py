@@ -136,8 +136,9 @@ ROWS: dict[str, tuple[list[str], int, str]] = {
                          "re:unknown strategy 'dpp', expected one of auto, ddp, .* \\(did you mean 'ddp'\\?\\), or stack a configs/parallel/\\*.yaml "
                          "fragment \\(e.g. ddp.yaml, tp2.yaml\\)"),
     "unknown_tokenizer_option": _row(["fit", *QUICK, "--model.tokenizers", "{image: {name: image, img_size: 8, patch_sise: 4, in_chans: 1}}"], 2,
-                                 "re:unknown image tokenizer option\\(s\\) \\['patch_sise'\\], expected some of \\['img_size', 'patch_size', .*\\] "
-                                 "\\(did you mean 'patch_size'\\?\\), fix or drop them"),
+                                 "re:--model.tokenizers.image.patch_sise: no registered tokenizer has the option 'patch_sise', expected one of "
+                                 "name, .*patch_size, .*img_size, .* \\(did you mean 'patch_size'\\?\\), fix the spelling or drop it "
+                                 "\\(mmte list modalities shows the tokenizers\\)"),
     "patch_size_string": _row(["fit", *QUICK, "--model.tokenizers", "{image: {name: image, img_size: 8, patch_size: '4', in_chans: 1}}"], 2,
                           "image tokenizer option patch_size is '4' (a str), expected an int or a list [an int, an int], write patch_size: 4 "
                           "(no quotes: a quoted number is a string)"),

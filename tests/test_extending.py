@@ -164,8 +164,8 @@ def test_yaml_route_mmte_fit_and_predict(on_path, ecg_folder, tmp_path, capsys):
     assert "mmte: error" not in err
     ckpt = torch.load(root / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     hp = ckpt["hyper_parameters"]
-    assert hp["tokenizers"]["ecg"]["class_path"] == "examples.ecg.ECGTokenizer"
-    assert hp["heads"]["beat"]["class_path"] == "examples.ecg.AttentionPoolHead"
+    assert hp["tokenizers"]["ecg"] == {"name": "examples.ecg.ECGTokenizer", "patch": 25}
+    assert hp["heads"]["beat"] == {"name": "examples.ecg.AttentionPoolHead", "dropout": 0.1}
     assert ckpt["state_dict"]["model.heads.beat.score.weight"].shape == (1, 64)
     with open(next(root.glob("logs/version_*/metrics.csv"))) as fh:
         cols = next(csv.reader(fh))

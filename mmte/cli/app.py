@@ -23,11 +23,11 @@ from typing import Any
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from ..errors import UsageError
 from ..training.callbacks import MMTECheckpoint, PredictionWriter
 from ..training.data import MMTEDataModule
 from ..training.guards import TrainingGuard
 from ..training.module import MMTEModule
-from ._entry_flags import apply_entry_flags, split_entry_flags
 from .checkpoint import (
     apply_checkpoint_hparams,
     check_checkpoint_fits,
@@ -76,6 +76,8 @@ class MMTECLI(LightningCLI):
             else:
                 args = self._argv
         self._ckpt: dict[str, Any] | None = None  # the --ckpt_path checkpoint, loaded once (mmap)
+        # the heads and modalities the recipe names by class path are imported before the parser types the entries
+        self._entry_keys = prepare_entry_types(args if isinstance(args, dict) else self._argv)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("seed_everything_default", 0)
         kwargs.setdefault("trainer_defaults", {"callbacks": [LearningRateMonitor(logging_interval="step"), TrainingGuard()]})
@@ -102,13 +104,7 @@ class MMTECLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         if not isinstance(args, dict):
-            rest, entry_flags = split_entry_flags(self._argv)
-            if entry_flags:  # merged into the recipe's entries: parse once without them, then pass whole entries
-                try:
-                    first = parser.parse_args([a for a in rest if not a.startswith("--print_config")])
-                except argparse.ArgumentError as e:
-                    raise argparse_usage_error(e, parser, self._argv) from e
-                args = rest + apply_entry_flags(first, entry_flags)
+            check_entry_flags(self._argv, self._entry_keys)
         try:
             super().parse_arguments(parser, args)
         except argparse.ArgumentError as e:
@@ -143,6 +139,7 @@ class MMTECLI(LightningCLI):
 
         c = self._section()
         resolve_model_entries(c.model)
+        drop_unset_options(c.model)
         set_threads(c.get("threads"), c.trainer.devices, c.trainer.accelerator)
         root = c.trainer.default_root_dir or os.path.join("runs", "mmte")
         c.trainer.default_root_dir = root
@@ -225,3 +222,90 @@ class MMTECLI(LightningCLI):
         file first (what ``mmte convert`` does), so any checkpoint is usable on one process."""
         ckpt = self.config_init[subcommand].get("ckpt_path")
         self.config_init[subcommand]["ckpt_path"] = single_process_checkpoint(ckpt, self.trainer.default_root_dir)
+
+
+# ------------------------------------------------------------------------- typed model entries
+def _recipe_models(args: list[str] | dict[str, Any]) -> list[Any]:
+    """The ``model`` sections a command line gives as whole values: its ``--config`` files (top level or under
+    the verb) and ``--model`` / ``--model.heads`` / ``--model.tokenizers`` values; a dict config's own."""
+    import yaml
+
+    if isinstance(args, dict):
+        return [args.get("model"), *(v.get("model") for v in args.values() if isinstance(v, dict))]
+    out: list[Any] = []
+    for i, a in enumerate(args):
+        flag, eq, value = a.partition("=")
+        if not eq:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        try:
+            if flag == "--config":
+                with open(value) as fh:
+                    doc = yaml.safe_load(fh)
+                if isinstance(doc, dict):
+                    out += [doc.get("model"), *(v.get("model") for k, v in doc.items() if k in LIGHTNING_COMMANDS and isinstance(v, dict))]
+            elif flag == "--model":
+                out.append(yaml.safe_load(value))
+            elif flag in ("--model.heads", "--model.tokenizers"):
+                out.append({flag.rsplit(".", 1)[1]: yaml.safe_load(value)})
+        except (OSError, yaml.YAMLError):
+            continue  # the parser reports it
+    return out
+
+
+def prepare_entry_types(args: list[str] | dict[str, Any]) -> dict[str, set[str]]:
+    """Import the heads and modalities the recipe names by class path (``name: examples.ecg.AttentionPoolHead``)
+    and rebuild the parser's entry types (:func:`mmte.config.refresh_entry_types`) from the registries.
+
+    Returns:
+        ``{"heads": keys, "tokenizers": keys}``: the entries the recipe defines.
+
+    Raises:
+        UsageError: an entry spelt ``{class_path: ..., init_args: ...}`` (the spelling is ``name: <class path>``
+            with the options beside it).
+    """
+    from ..config import check_entry_strings, refresh_entry_types
+    from ..heads import get_head
+    from ..tokenizers.registry import get_modality
+
+    keys: dict[str, set[str]] = {"heads": set(), "tokenizers": set()}
+    for model in _recipe_models(args):
+        if not isinstance(model, dict):
+            continue
+        for section, resolve in (("tokenizers", get_modality), ("heads", get_head)):
+            entries = model.get(section)
+            if not isinstance(entries, dict):
+                continue
+            for key, entry in entries.items():
+                keys[section].add(key)
+                if isinstance(entry, dict) and "class_path" in entry:
+                    opts = ", ".join(f"{k}: {v}" for k, v in (entry.get("init_args") or {}).items())
+                    raise UsageError(f"model.{section}.{key} is spelt {{class_path: {entry['class_path']}, init_args: ...}}",
+                                     "expected name: <registry name or class path> with the options beside it",
+                                     f"write {key}: {{name: {entry['class_path']}{', ' + opts if opts else ''}}}")
+                name = entry.get("name") if isinstance(entry, dict) else entry
+                if isinstance(name, str) and ("." in name or ":" in name):
+                    resolve(name)
+                check_entry_strings(section, key, entry)
+    refresh_entry_types()
+    return keys
+
+
+def check_entry_flags(argv: list[str], keys: dict[str, set[str]]) -> None:
+    """``--model.heads.<key>.<option>`` must name a head the recipe defines (a new key would silently add a head
+    with the modality's default class)."""
+    for a in argv:
+        parts = a.split("=", 1)[0].split(".")
+        if len(parts) >= 4 and parts[0] == "--model" and parts[1] == "heads" and keys["heads"] and parts[2] not in keys["heads"]:
+            raise UsageError(f"{a.split('=', 1)[0]}: the model has no head {parts[2]!r}", f"expected one of: {', '.join(sorted(keys['heads']))}")
+
+
+def drop_unset_options(model: Any) -> None:
+    """Tokenizer and head entries as plain data without their unset (None) options, as the recipe wrote them."""
+    from ..config import entry_dict
+
+    if model is None or not hasattr(model, "get"):
+        return
+    for section in ("tokenizers", "heads"):
+        entries = model.get(section)
+        if isinstance(entries, dict):
+            model[section] = {k: entry_dict(v) for k, v in entries.items()}

@@ -134,7 +134,8 @@ def apply_checkpoint_hparams(parser: Any, config: Any, sub: str, ckpt: dict[str,
     if "_class_path" in hparams:  # a LightningModule subclass saved by LightningCLI (as Lightning does it)
         hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
         return parser.parse_object({sub: {"model": hparams}}, config)
-    mine = plain(config[sub].get("model"))
+    hparams = _typed_entries(hparams)
+    mine = _typed_entries(plain(config[sub].get("model")) or {})
     keep = {}
     for key in explicit_model_flags(argv):
         if key not in hparams or key not in mine or plain(mine[key]) == plain(hparams[key]):
@@ -152,6 +153,29 @@ def apply_checkpoint_hparams(parser: Any, config: Any, sub: str, ckpt: dict[str,
     for key, value in keep.items():
         config[sub].model[key] = value
     return config
+
+
+def _typed_entries(model: dict[str, Any]) -> dict[str, Any]:
+    """``model`` with its tokenizer and head entries as the typed configs store them: plain data without unset
+    options, class paths as ``name`` (an older checkpoint's ``{class_path, init_args}`` too), the classes they
+    name imported and the parser's entry types rebuilt with them (:func:`mmte.config.refresh_entry_types`)."""
+    from ..config import entry_dict, refresh_entry_types
+    from ..heads import get_head
+    from ..registry import entry_from_class_path
+    from ..tokenizers.registry import get_modality
+
+    model = dict(model)
+    for section, resolve in (("tokenizers", get_modality), ("heads", get_head)):
+        entries = model.get(section)
+        if not isinstance(entries, dict):
+            continue
+        model[section] = {k: entry_dict(entry_from_class_path(plain(v))) for k, v in entries.items()}
+        for entry in model[section].values():
+            name = entry.get("name") if isinstance(entry, dict) else entry
+            if isinstance(name, str) and ("." in name or ":" in name):
+                resolve(name)
+    refresh_entry_types()
+    return model
 
 
 def check_checkpoint_fits(module: Any, ckpt: dict[str, Any], path: str) -> None:

@@ -9,7 +9,10 @@ keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import ast
+import dataclasses
 import os
+import re
 from typing import Any
 
 from ..errors import MMTEError, UsageError, closest
@@ -117,7 +120,11 @@ def _innermost(e: BaseException) -> BaseException:
 
 def argparse_usage_error(e: argparse.ArgumentError, parser: Any, argv: list[str]) -> UsageError:
     """jsonargparse's parse errors -> one mmte line (unknown options get the closest known one)."""
-    msg = " ".join(str(e.message if hasattr(e, "message") else e).split())
+    raw = str(e.message if hasattr(e, "message") else e)
+    entry = _entry_error(raw)
+    if entry is not None:
+        return entry
+    msg = " ".join(raw.split())
     sub = argv[0] if argv and argv[0] in LIGHTNING_COMMANDS else None
     if "unrecognized arguments:" in msg:
         bad = [a for a in msg.split("unrecognized arguments:", 1)[1].split() if a.startswith("-")]
@@ -132,6 +139,75 @@ def argparse_usage_error(e: argparse.ArgumentError, parser: Any, argv: list[str]
     if len(what) > 400:
         what = what[:397] + "..."
     return UsageError(what, "expected a value of the type the option's help shows", f"see mmte {sub} --help" if sub else "see mmte --help")
+
+
+_ENTRY_SECTION = re.compile(r'Parser key "(?:[\w.]*\.)?model\.(heads|tokenizers)"')
+
+
+def _entry_error(raw: str) -> UsageError | None:
+    """The parser's error for a ``model.heads`` / ``model.tokenizers`` entry (typed by :data:`mmte.config.HeadEntry`
+    / :data:`mmte.config.TokenizerEntry`) as one line naming the entry, the option, the value and what was expected;
+    None for other errors. jsonargparse nests the entry's error inside the section's Union error."""
+    from .. import config
+
+    m = _ENTRY_SECTION.search(raw)
+    if m is None:
+        return None
+    section = m[1]
+    kind, listing = ("head", "mmte list heads") if section == "heads" else ("tokenizer", "mmte list modalities")
+    nested = re.search(r"NestedArg\(key='([^']*)'", raw)
+    given = _given(raw, last=True)  # the section's value (nested errors come first)
+    unknown = re.search(r"Option '([^']+)' is not accepted", raw)
+    if unknown:
+        opt = unknown[1]
+        key = nested[1].split(".", 1)[0] if nested else _entry_with(given, opt)
+        fields = [f.name for f in dataclasses.fields(config.HeadEntry if section == "heads" else config.TokenizerEntry)]
+        hit = closest(opt, fields)
+        return UsageError(f"--model.{section}.{key}.{opt}: no registered {kind} has the option {opt!r}",
+                          f"expected one of {', '.join(fields)}" + (f" (did you mean {hit[0]!r}?)" if hit else ""),
+                          f"fix the spelling or drop it ({listing} shows the {kind}s)")
+    keys = [k for k in re.finditer(r'Parser key "([^"]+)"', raw) if not _ENTRY_SECTION.fullmatch(k[0])]
+    if not keys:
+        return None
+    opt, rest = keys[-1][1], raw[keys[-1].end() :]
+    subtypes = re.search(r"Subtypes: \[(.*)\]", rest) or re.search(r"Expected a (.*)", rest)
+    value = _given(rest)
+    key = nested[1].split(".", 1)[0] if nested else _entry_with(given, opt)
+    expected = _type_text(subtypes[1]) if subtypes else "a value of the option's type"
+    return UsageError(f"--model.{section}.{key}.{opt} is {value!r}", f"expected {expected}",
+                      f"fix the value (no quotes around numbers; {listing} shows the {kind}s)")
+
+
+def _given(text: str, last: bool = False) -> Any:
+    """The first (or last) ``Given value: ...`` in ``text`` as a Python value where it reads as one."""
+    found = list(re.finditer(r"Given value: (.*)", text))
+    if not found:
+        return None
+    m = found[-1 if last else 0]
+    try:
+        return ast.literal_eval(m[1].strip())
+    except (ValueError, SyntaxError):
+        return m[1].strip()
+
+
+def _entry_with(entries: Any, opt: str) -> str:
+    """The key of the entry in ``entries`` (a section's value) that holds ``opt``; ``<entry>`` if none does."""
+    if isinstance(entries, dict):
+        for key, entry in entries.items():
+            if isinstance(entry, dict) and opt in entry:
+                return str(key)
+    return "<entry>"
+
+
+def _type_text(subtypes: str) -> str:
+    """jsonargparse's ``<class 'float'>, <class 'NoneType'>`` as ``float or null``."""
+    parts = re.split(r",\s*(?![^\[]*\])", subtypes)
+    out = []
+    for p in parts:
+        p = re.sub(r"<class '(?:builtins\.)?([\w.]+)'>", r"\1", p.strip()).replace("typing.", "")
+        p = re.sub(r"^Literal\[(.*)\]$", r"\1", p)
+        out.append("null" if p == "NoneType" else p)
+    return " or ".join(dict.fromkeys(out))
 
 
 def _option_strings(parser: Any, sub: str | None) -> list[str]:

@@ -45,6 +45,7 @@ import torch
 from lightning.pytorch import LightningModule
 from torch import nn
 
+from .. import config as _config
 from ..config import LoRAConfig, OptimConfig
 from ..encoders import Backbone, load_backbone_state, load_state_dict_file
 
@@ -91,14 +92,16 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
     """Fine-tune a :class:`MetaTransformer` (tokenizers -> shared backbone -> heads) with Lightning.
 
     Args:
-        tokenizers: ``{batch key: registry name | {name: ..., options}}`` (see :mod:`mmte.model`); each entry's
-            options are checked against its modality's config (:func:`mmte.config.check_tokenizer_entry`).
+        tokenizers: ``{batch key: registry name | {name: ..., options}}`` (see :mod:`mmte.model`); the ``mmte`` parser
+            reads each entry as a :data:`mmte.config.TokenizerEntry`, whose options are then checked against its
+            modality's config (:func:`mmte.config.check_tokenizer_entry`).
             Required, unless ``mmte ... --ckpt_path`` takes the model from a checkpoint.
         backbone: a preset name (``"minilm-l6"``, ``"tiny"``, ...), or ``{preset: name, field: value}``
             to change a preset's fields; None: the shape of ``backbone_weights``'s named source.
         heads: ``{head name: {name: classification | regression | forecasting | token | contrastive, ...}}``;
-            options the data determines (``num_classes``, ``horizon``, ...) may be left out; the others are checked
-            against the head's config (:func:`mmte.config.check_head_entry`).
+            options the data determines (``num_classes``, ``horizon``, ...) may be left out; the parser reads each entry
+            as a :data:`mmte.config.HeadEntry`, whose options are then checked against the head's own config
+            (:func:`mmte.config.check_head_entry`).
         fusion: ``"single"``, ``"joint"`` or ``"separate"``.
         freeze: ``"backbone"``, ``"tokenizers"``, ``"none"`` or a list of parameter-name globs.
         lora: LoRA adapters for the backbone (:class:`mmte.config.LoRAConfig`: ``{rank, alpha, dropout, lr_scale,
@@ -128,9 +131,9 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
 
     def __init__(
         self,
-        tokenizers: dict[str, Any] | None = None,
+        tokenizers: dict[str, _config.TokenizerEntry | _config.RegistryName] | None = None,
         backbone: str | dict[str, Any] | None = None,
-        heads: dict[str, dict[str, Any]] | None = None,
+        heads: dict[str, _config.HeadEntry] | None = None,
         fusion: str = "single",
         freeze: str | list[str] = "backbone",
         lora: LoRAConfig | None = None,
@@ -161,6 +164,11 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
         #: the LoRA adapters as a typed object; the checkpoint stores it as plain data (weights-only loadable)
         self.lora = LoRAConfig.from_value(lora)
         self.hparams["lora"] = self.lora.as_dict() if self.lora is not None else None
+        # typed entries (the parser's) as plain data without unset options: what the checkpoint stores
+        if isinstance(tokenizers, Mapping):
+            tokenizers = self.hparams["tokenizers"] = {k: _config.entry_dict(v) for k, v in tokenizers.items()}
+        if isinstance(heads, Mapping):
+            heads = self.hparams["heads"] = {k: _config.entry_dict(v) for k, v in heads.items()}
         if not isinstance(tokenizers, Mapping) or not tokenizers:
             raise ValueError(f"model.tokenizers must name at least one tokenizer, e.g. {{image: {{name: image}}}} (or pass --ckpt_path to take "
                              f"the model from a checkpoint); got {tokenizers!r}")
