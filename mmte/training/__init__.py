@@ -18,6 +18,7 @@ _EXPORTS = {
     "TableDataModule": ".data",
     "ForecastDataModule": ".data",
     "PairedDataModule": ".data",
+    "HFDataModule": ".data",
     "MMTECheckpoint": ".callbacks",
     "PredictionWriter": ".callbacks",
     "MMTEStrategy": ".strategy",

@@ -1,0 +1,182 @@
+"""Hugging Face datasets as a source: opening one (hub cache, ``save_to_disk`` folder, builder + files),
+reading its features (class names of a ``ClassLabel``, which columns a modality can decode) and decoding
+audio cells without FFmpeg.
+
+``datasets`` 4+ decodes an ``Audio`` column with torchcodec, which needs FFmpeg's shared libraries. Where
+torchcodec cannot load, the column is cast to ``Audio(decode=False)`` and each cell's bytes (or path) is
+read with soundfile, as mmte reads audio files (:func:`mmte.data.audio.load_audio`): the same samples,
+so the same fbanks as from the files themselves.
+
+Framework-free (no Lightning); :class:`mmte.training.data.HFDataModule` wraps it.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["BUILDERS", "audio_reader", "class_names_of", "decode_audio", "is_saved_dataset", "load_source", "torchcodec_works"]
+
+BUILDERS = ("parquet", "arrow", "csv", "json", "audiofolder", "imagefolder", "webdataset")
+_EXT_BUILDER = {".parquet": "parquet", ".arrow": "arrow", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".tar": "webdataset"}
+
+
+def is_saved_dataset(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``."""
+    p = os.fspath(path)
+    return os.path.isdir(p) and (os.path.isfile(os.path.join(p, "dataset_dict.json")) or os.path.isfile(os.path.join(p, "state.json")))
+
+
+def _cache_folders() -> str:
+    import datasets
+    from huggingface_hub import constants
+
+    return f"{constants.HF_HUB_CACHE} (hub) / {datasets.config.HF_DATASETS_CACHE} (datasets)"
+
+
+def load_source(
+    path: str | os.PathLike,
+    name: str | None = None,
+    data_files: str | Sequence[str] | Mapping[str, Any] | None = None,
+    data_dir: str | None = None,
+    streaming: bool = False,
+    option: str = "path",
+) -> dict[str, Any]:
+    """Open a Hugging Face dataset: ``{split name: Dataset | IterableDataset}``.
+
+    Args:
+        path: a ``save_to_disk`` folder; a builder name (:data:`BUILDERS`) with ``data_files``/``data_dir``; a file
+            or glob of parquet/arrow/csv/json files; a folder of data files; or a hub id read from the local cache
+            (``HF_HUB_OFFLINE=1`` works).
+        name: the dataset's configuration.
+        data_files: files of a builder (a glob, a list, or ``{split: files}``).
+        data_dir: a builder's folder (``audiofolder``/``imagefolder``: the folder of files and ``metadata.csv``).
+        streaming: an ``IterableDataset`` per split, read shard by shard.
+        option: the option's name, for the error messages.
+
+    Raises:
+        FileNotFoundError: a file, folder or glob that names nothing; a hub id that is not in the local cache.
+        ValueError: a builder without files.
+    """
+    import datasets
+
+    p = os.fspath(path)
+    if is_saved_dataset(p):
+        saved = datasets.load_from_disk(p)
+        splits = dict(saved) if isinstance(saved, datasets.DatasetDict) else {"train": saved}
+        if streaming:  # memory-mapped Arrow read as a stream of its shards
+            splits = {k: v.to_iterable_dataset(num_shards=max(1, len(v.cache_files))) for k, v in splits.items()}
+        return splits
+    builder, files = None, data_files
+    if p in BUILDERS:
+        builder = p
+        if data_files is None and data_dir is None:
+            raise ValueError(f"{option} {p!r} is a builder; give data_files (files or a glob) or data_dir (a folder) to read")
+    elif any(ch in p for ch in "*?[") or os.path.isfile(p):
+        if not glob.glob(p, recursive=True):
+            raise FileNotFoundError(f"{option} {p!r} matches no file; expected a save_to_disk folder, data files or a cached hub id")
+        builder = _EXT_BUILDER.get(os.path.splitext(p)[1].lower())
+        if builder is None:
+            raise ValueError(f"{option} {p!r}: cannot tell the builder from the extension; set {option} to one of {list(BUILDERS)} and data_files")
+        files = p
+    elif os.path.isdir(p):
+        builder, data_dir = None, None  # datasets infers the builder from the folder's files
+    elif os.path.exists(p) or p.startswith((".", "/")) or p.count("/") > 1:
+        raise FileNotFoundError(f"{option} {p!r} is not a save_to_disk folder, a data file, a glob or a folder; expected one of those or a hub id")
+    kw: dict[str, Any] = {"streaming": streaming}
+    if name is not None:
+        kw["name"] = name
+    if files is not None:
+        kw["data_files"] = files
+    if data_dir is not None:
+        kw["data_dir"] = data_dir
+    try:
+        loaded = datasets.load_dataset(builder or p, **kw)
+    except FileNotFoundError as e:
+        if builder is None and not os.path.isdir(p):
+            raise FileNotFoundError(f"{option} {p!r}: no such dataset in the local Hugging Face cache {_cache_folders()}; "
+                                    f"download it once (datasets.load_dataset({p!r})) or give a save_to_disk folder or data files") from None
+        raise FileNotFoundError(f"{option} {p!r}: {str(e).splitlines()[0]}") from None
+    except (ConnectionError, OSError) as e:
+        if builder is None and not os.path.isdir(p):
+            raise FileNotFoundError(f"{option} {p!r}: no such dataset in the local Hugging Face cache {_cache_folders()} "
+                                    f"({type(e).__name__}); download it once or give a save_to_disk folder or data files") from None
+        raise
+    except Exception as e:
+        if type(e).__name__ in ("DatasetNotFoundError", "EmptyDatasetError", "DataFilesNotFoundError"):
+            where = f"the local Hugging Face cache {_cache_folders()}" if builder is None and not os.path.isdir(p) else "there"
+            raise FileNotFoundError(f"{option} {p!r}: no dataset in {where} ({str(e).splitlines()[0]})") from None
+        raise
+    if isinstance(loaded, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        return dict(loaded)
+    return {"train": loaded}
+
+
+def class_names_of(feature: Any) -> list[str] | None:
+    """The names of a ``ClassLabel`` feature (None for any other feature)."""
+    import datasets
+
+    return list(feature.names) if isinstance(feature, datasets.ClassLabel) else None
+
+
+_TORCHCODEC: bool | None = None
+
+
+def torchcodec_works() -> bool:
+    """Whether ``datasets`` can decode audio here (torchcodec imports and finds FFmpeg's libraries)."""
+    global _TORCHCODEC
+    if _TORCHCODEC is None:
+        try:
+            from torchcodec.decoders import AudioDecoder  # noqa: F401  (loads FFmpeg's libraries)
+
+            _TORCHCODEC = True
+        except Exception:  # noqa: BLE001 (missing package or libraries: read bytes with soundfile instead)
+            _TORCHCODEC = False
+    return _TORCHCODEC
+
+
+def audio_reader(choice: str = "auto") -> str:
+    """``datasets`` (torchcodec, the ``Audio`` feature decodes) or ``soundfile`` (mmte reads the cell's bytes/path)."""
+    if choice not in ("auto", "datasets", "soundfile"):
+        raise ValueError(f"audio_decoder must be 'auto', 'datasets' or 'soundfile'; got {choice!r}")
+    if choice == "auto":
+        return "datasets" if torchcodec_works() else "soundfile"
+    if choice == "datasets" and not torchcodec_works():
+        raise ValueError("audio_decoder 'datasets' needs torchcodec with FFmpeg's shared libraries, which do not load here; use 'soundfile'")
+    return choice
+
+
+def decode_audio(value: Any, what: str = "audio cell") -> tuple[torch.Tensor, int]:
+    """An ``Audio`` cell -> (mono float32 waveform ``[T]``, sample rate).
+
+    Takes what ``datasets`` hands back: ``{"bytes", "path"}`` (``decode=False``: read with soundfile, as
+    :func:`mmte.data.audio.load_audio` reads files), ``{"array", "sampling_rate"}``, a torchcodec decoder, or a path.
+    """
+    import soundfile as sf
+
+    from .audio import check_waveform, load_audio
+
+    if isinstance(value, (str, os.PathLike)):
+        return load_audio(value)
+    if hasattr(value, "get_all_samples"):  # torchcodec's AudioDecoder (datasets 4+)
+        s = value.get_all_samples()
+        return check_waveform(s.data.float().mean(0), what), int(s.sample_rate)
+    if isinstance(value, Mapping):
+        if value.get("array") is not None:
+            a = np.asarray(value["array"], dtype=np.float32)
+            return check_waveform(torch.from_numpy(a if a.ndim == 1 else a.mean(0)), what), int(value["sampling_rate"])
+        if value.get("bytes"):
+            data, sr = sf.read(io.BytesIO(value["bytes"]), dtype="float32", always_2d=True)
+            return check_waveform(torch.from_numpy(np.ascontiguousarray(data.mean(1))), f"{what} {value.get('path') or ''}".strip()), int(sr)
+        if value.get("path"):
+            return load_audio(value["path"])
+    raise ValueError(f"{what}: expected audio bytes, a path or an array; got {type(value).__name__}")
