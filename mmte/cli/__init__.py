@@ -40,6 +40,7 @@ from .errors import describe_error
 from .export import export_main
 from .fit import LIGHTNING_COMMANDS, check_config_files, run_lightning
 from .listing import LIST_SECTIONS, list_entries, list_main, modalities_main, modalities_table
+from .serve import serve_main
 from .tune import tune_main
 
 __all__ = [
@@ -85,7 +86,7 @@ Exit status: 0 done, 2 bad input, 1 the run failed, 130/143 stopped by SIGINT/SI
 """
 
 #: the other (non-Lightning) verbs: name -> main(argv) -> exit status
-COMMANDS = {"list": list_main, "modalities": modalities_main, "convert": convert_main, "env": env_main, "export": export_main, "tune": tune_main}
+COMMANDS = {"list": list_main, "modalities": modalities_main, "convert": convert_main, "env": env_main, "export": export_main, "tune": tune_main, "serve": serve_main}
 
 
 def __getattr__(name: str):
