@@ -231,7 +231,7 @@ def main(argv=None) -> dict:
     print(f"\nwrote {path}")
     if args.update_doc:
         command = _doc.command_line("bench/fp8.py", argv)
-        note = f"{torch.get_num_threads()} torch threads"
+        note = f"torch threads: {torch.get_num_threads()}"
         _doc.update_doc("fp8", doc_cpu(rows), command, args.update_doc, machine=_doc.machine_line(note=note))
         if "gpu_gemm" in result:  # pragma: no cover - needs a GPU
             _doc.update_doc("fp8-gpu", doc_gpu(result["gpu_gemm"], result["gpu_vit_b16_step"]), command, args.update_doc,

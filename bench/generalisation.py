@@ -23,19 +23,21 @@ model for a new voice); forecast and tabular test the best-validation checkpoint
 
 ::
 
-    python bench/generalisation.py --jobs 2 --write BENCHMARKS.md   # everything (about an hour on 2 idle cores)
+    python bench/generalisation.py --jobs 2 --update-doc            # everything (about an hour on 2 idle cores)
     python bench/generalisation.py --families tabular                # one family (or audio,forecast)
     python bench/generalisation.py --families audio --fold theo      # one leave-one-speaker-out fold
     python bench/generalisation.py --families audio --folds 2 --epochs-scale 0.2   # a quick check
     python bench/generalisation.py --families audio --seeds 0 1 2 --jobs 2   # every fold at three seeds: per-seed and mean
     python bench/generalisation.py --families forecast --horizons 96 192 336 720
     python bench/generalisation.py --families forecast --mmte-args "--model.lr 3e-4"   # a recipe variant
-    python bench/generalisation.py --merge a.json b.json --write BENCHMARKS.md         # join runs made side by side
+    python bench/generalisation.py --merge a.json b.json --update-doc  # join runs made side by side
     python bench/generalisation.py --workdir W --resume ...            # a killed run, from its last checkpoints
     python bench/generalisation.py --smoke                            # the pipeline in about a minute
 
-Prints a markdown table per family and the issue's targets, writes JSON to ``bench/results/generalisation.json``
+Prints a markdown table per family and the targets, writes JSON to ``bench/results/generalisation.json``
 (``--out``; families not run keep their earlier entry, each with its own command, CPU flags and load).
+``--update-doc`` writes each family's table into its own section of BENCHMARKS.md
+(``generalisation-audio``, ``-forecast``, ``-tabular``), with the command and machine it was measured with.
 """
 
 from __future__ import annotations
@@ -43,8 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import re
 import shlex
 import subprocess
 import sys
@@ -56,8 +56,13 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import _doc
+
 DATA = ROOT.parent / "shared" / "data"
-MARK_BEGIN, MARK_END = "<!-- generalisation:begin -->", "<!-- generalisation:end -->"
+TITLES = {"audio": "Generalisation: audio, leave one speaker out", "forecast": "Generalisation: forecasting, ETTh1",
+          "tabular": "Generalisation: tabular, diamonds"}
 
 
 # ------------------------------------------------------------------------------------------ running mmte
@@ -89,15 +94,12 @@ def _scaled_epochs(recipe: Path, scale: float) -> list[str]:
 
 
 def _cpu() -> dict:
-    flags = ""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        flags = " ".join(sorted(set(re.findall(r"\b(avx512_bf16|amx_bf16|avx512f|avx2)\b", out))))
-    except OSError:
-        pass
+    from mmte.device import cpu_info
+
+    cpu = cpu_info()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return {"cpu": platform.processor() or platform.machine(), "flags": flags, "cores": os.cpu_count(), "load_at_start": round(load, 2),
-            "torch": torch.__version__, "threads": torch.get_num_threads()}
+    return {"cpu": cpu.model, "flags": " ".join(f for f in _doc.MACHINE_FLAGS if f in cpu.flags), "cores": cpu.logical_cores,
+            "load_at_start": round(load, 2), "torch": torch.__version__, "threads": torch.get_num_threads()}
 
 
 # ------------------------------------------------------------------------------------------------ audio
@@ -294,7 +296,7 @@ def run_audio(args, work: str) -> dict:
 def _windows(dm, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """A split's input and target windows, and the cycle's level over their steps when the data has one."""
     xs, ys, lv = [], [], []
-    for b in dm._loader(split, False):
+    for b in dm.loader(split, False):
         ts = b["time_series"]
         if isinstance(ts, dict):  # a series with its cycle
             lv.append(ts["season"].numpy())
@@ -394,16 +396,16 @@ def run_tabular(args, work: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- tables
-def _provenance(r: dict) -> list[str]:
+def machine(r: dict) -> str:
+    """The machine line of one family's run, from what the run stored (the run may come from another machine)."""
     e = r.get("env", {})
-    smoke = " **(--smoke: a pipeline check, figures meaningless)**" if r.get("smoke") else ""
-    line = (f"`{r.get('command', '?')}` ({r.get('date', '?')}, {r.get('seconds', '?')} s; {e.get('cpu', '?')}, {e.get('cores', '?')} logical cores, "
-            f"flags {e.get('flags') or 'n/a'}, load average {e.get('load_at_start', '?')} at the start; torch {e.get('torch', '?')}){smoke}")
-    return [line, ""]
+    smoke = " **--smoke: a pipeline check, figures meaningless.**" if r.get("smoke") else ""
+    return (f"Machine: {e.get('cpu', '?')} (flags: {e.get('flags') or 'n/a'}), {e.get('cores', '?')} logical cores, torch {e.get('torch', '?')}, "
+            f"{r.get('date', '?')}, load average {e.get('load_at_start', '?')} at the start, {r.get('seconds', '?')} s.{smoke}")
 
 
 def goals(results: dict) -> dict[str, bool]:
-    """The issue's targets, checked on the figures."""
+    """The targets, checked on the figures."""
     out = {}
     if "audio" in results:
         a = results["audio"]
@@ -425,16 +427,21 @@ def _md_row(cells: list[str]) -> str:
     return "|" + "|".join(f" {c} " if c else " " for c in cells) + "|"
 
 
-def markdown(results: dict) -> str:
+HEADINGS = {"audio": "Audio: FSDD leave-one-speaker-out (`{recipe}`), test accuracy on the unheard speaker",
+            "forecast": "Forecasting: ETTh1, input 96, stride-1 test windows (`{recipe}`), standardised scale",
+            "tabular": "Tabular: diamonds `cut`, seeded stratified 80/20 split (`{recipe}`), test accuracy"}
+
+
+def family_table(fam: str, res: dict) -> str:
+    """One family's table and the notes that read it (no heading, command or machine)."""
     out = []
-    if "audio" in results:
-        a = results["audio"]
+    if fam == "audio":
+        a = res
         multi = any(len(_runs(r)) > 1 for r in a["folds"])
         seed_col = ["per seed"] if multi else []
         head = ["held-out speaker", "mmte" + (" (mean over seeds)" if multi else ""), *seed_col, "pooled-fbank logistic regression",
                 "small CNN", "epochs", "fit s"]
-        out += [f"### Audio: FSDD leave-one-speaker-out (`{a['recipe']}`), test accuracy on the unheard speaker", "", *_provenance(a),
-                "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
         def seeds_cell(pairs):
             return [", ".join(f"{v:.3f} (seed {k})" for k, v in pairs)] if multi else []
@@ -447,46 +454,45 @@ def markdown(results: dict) -> str:
         cells = ["**mean**", f"**{m['mmte']:.3f}**", *seeds_cell(list(a.get("mean_per_seed", {}).items())), f"{m['pooled_fbank_logreg']:.3f}",
                  f"{m['small_cnn']:.3f}", "", ""]
         out += [_md_row(cells), "",
-                f"mmte above both baselines on every fold: {'yes' if a['above_baselines_every_fold'] else 'no'}.", ""]
-    if "forecast" in results:
-        f = results["forecast"]
-        out += [f"### Forecasting: ETTh1, input 96, stride-1 test windows (`{f['recipe']}`), standardised scale", "", *_provenance(f),
-                ("| horizon | mmte MSE | mmte MAE | linear (LS) MSE | linear MAE | repeat-last MSE | repeat-last MAE | linear + cycle MSE "
+                f"mmte above both baselines on every fold: {'yes' if a['above_baselines_every_fold'] else 'no'}."]
+    elif fam == "forecast":
+        f = res
+        out += [("| horizon | mmte MSE | mmte MAE | linear (LS) MSE | linear MAE | repeat-last MSE | repeat-last MAE | linear + cycle MSE "
                 "| mmte / linear MSE | epochs |"), "|---|---|---|---|---|---|---|---|---|---|"]
         for r in f["horizons"]:
             lc = f"{r['linear_cycle']['mse']:.4f}" if "linear_cycle" in r else "-"
             out.append(f"| {r['horizon']} | {r['mmte']['mse']:.4f} | {r['mmte']['mae']:.4f} | {r['linear']['mse']:.4f} | {r['linear']['mae']:.4f} | "
                        f"{r['repeat_last']['mse']:.4f} | {r['repeat_last']['mae']:.4f} | {lc} | {r['mse_vs_linear']:.3f} | {r.get('epochs', '')} |")
         cyc = {r.get("cycle") for r in f["horizons"]} - {None}
-        out += ["", *([(f"The recipe takes a seasonal cycle ({', '.join(sorted(cyc))}: each channel's mean per phase over the training "
+        out += [*(["", (f"The recipe takes a seasonal cycle ({', '.join(sorted(cyc))}: each channel's mean per phase over the training "
                         "months) out of the model's inputs and adds it back to its forecasts. The linear and repeat-last baselines see the "
-                        "plain windows (the issue's definition); \"linear + cycle\" is the same least squares with the recipe's cycle. "
-                        "All errors are on the plain standardised scale."), ""] if cyc else [])]
-    if "tabular" in results:
-        t = results["tabular"]
-        out += [f"### Tabular: diamonds `cut`, seeded stratified 80/20 split (`{t['recipe']}`), test accuracy", "", *_provenance(t),
-                "| data | mmte | HistGradientBoosting | logistic regression | epochs (early stopping) | batch size |", "|---|---|---|---|---|---|"]
+                        "plain windows; \"linear + cycle\" is the same least squares with the recipe's cycle. "
+                        "All errors are on the plain standardised scale.")] if cyc else [])]
+    else:
+        t = res
+        out += ["| data | mmte | HistGradientBoosting | logistic regression | epochs (early stopping) | batch size |", "|---|---|---|---|---|---|"]
         for r in t["rows"]:
             out.append(f"| {r['dataset']} | {r['mmte']:.4f} | {r['hist_gradient_boosting']:.4f} | {r['logistic_regression']:.4f} | {r['epochs']} | {r['batch_size']} |")
-        out.append("")
-    g = goals(results)
+    g = {k.split(": ", 1)[1]: v for k, v in goals({fam: res}).items()}
     if g:
-        out += ["### Targets (issue 12)", "", "| target | met |", "|---|---|", *[f"| {k} | {'yes' if v else '**no**'} |" for k, v in g.items()], ""]
+        out += ["", "Targets: " + "; ".join(f"{k}: {'met' if v else '**not met**'}" for k, v in g.items()) + "."]
     return "\n".join(out)
 
 
-def write_section(path: Path, body: str) -> None:
-    """Replace (or append) the generalisation section of BENCHMARKS.md, between its markers."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    head = f"## Generalisation: recipes on data they were not tuned on\n\n{MARK_BEGIN}\n"
-    section = head + body + f"\n{MARK_END}\n"
-    if MARK_BEGIN in text and MARK_END in text:
-        start = text.rindex("## Generalisation", 0, text.index(MARK_BEGIN))
-        end = text.index(MARK_END) + len(MARK_END) + 1
-        text = text[:start] + section + text[end:]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
+def markdown(results: dict) -> str:
+    """Every family's heading, command, machine line and table, as printed."""
+    out = []
+    for fam, res in results.items():
+        out += [f"### {HEADINGS[fam].format(recipe=res.get('recipe', '?'))}", "", f"`{res.get('command', '?')}`", "", machine(res), "",
+                family_table(fam, res), ""]
+    return "\n".join(out)
+
+
+def update_doc(path: str | os.PathLike, results: dict) -> None:
+    """Write each family's table into its own BENCHMARKS.md section (``generalisation-<family>``)."""
+    for fam, res in results.items():
+        body = f"{HEADINGS[fam].format(recipe=res.get('recipe', '?'))}.\n\n{family_table(fam, res)}"
+        _doc.update_doc(f"generalisation-{fam}", body, res.get("command", "?"), path, machine=machine(res), title=TITLES[fam])
 
 
 def _families(text: str) -> list[str]:
@@ -518,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fresh", action="store_true", help="drop the families not run this time from --out")
     p.add_argument("--merge", nargs="+", type=Path, default=None,
                    help="run nothing: merge the families of these results files (e.g. runs made side by side) into --out and print the tables")
-    p.add_argument("--write", type=Path, default=None, help="also write the tables into this BENCHMARKS.md")
+    _doc.add_argument(p, "generalisation-<family>")
     p.add_argument("--workdir", default=None, help="where the runs' logs and checkpoints go (default: a temporary folder)")
     p.add_argument("--mmte-args", default="", help="extra `mmte fit` arguments for every run, e.g. \"--model.lr 3e-4\" (recipe variants)")
     p.add_argument("--resume", action="store_true",
@@ -538,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     env = _cpu()
     work = args.workdir or tempfile.mkdtemp(prefix="mmte-generalisation-")
     argv_used = sys.argv[1:] if argv is None else argv
-    command = "python bench/generalisation.py " + " ".join(shlex.quote(a) for a in argv_used)
+    command = _doc.command_line("bench/generalisation.py", argv_used)
     new: dict = {}
     if args.merge:
         for path in args.merge:
@@ -564,8 +570,8 @@ def main(argv: list[str] | None = None) -> int:
     print(body)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
-    if args.write:
-        write_section(args.write, body)
+    if args.update_doc:
+        update_doc(args.update_doc, results)
     return 0
 
 

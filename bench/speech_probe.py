@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                 "beside the same probe on the pooled Kaldi fbank. It shows what the pretrained speech network gives before any "
                 "transformer; the audio recipe's figure is in the generalisation section.")
         _doc.update_doc("speech_probe", table + note, _doc.command_line("bench/speech_probe.py", argv), args.update_doc,
-                        machine=_doc.machine_line(note=f"{torch.get_num_threads()} torch threads"))
+                        machine=_doc.machine_line(note=f"torch threads: {torch.get_num_threads()}"))
     return 0
 
 

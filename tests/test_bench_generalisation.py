@@ -1,6 +1,6 @@
 """bench/generalisation.py's bookkeeping: the least-squares baseline against numpy's solver on a known
 linear series, audio folds run as separate processes joined into one table, the issue's targets, and the
-BENCHMARKS.md section replaced in place (no training: the bench's runs are checked by its --smoke)."""
+BENCHMARKS.md sections replaced in place (no training: the bench's runs are checked by its --smoke)."""
 
 from __future__ import annotations
 
@@ -19,12 +19,12 @@ def bench():
 
 
 class _Windows:
-    """A stand-in forecast data module: ``_loader(split, shuffle)`` yields window batches."""
+    """A stand-in forecast data module: ``loader(split, train)`` yields window batches."""
 
     def __init__(self, x: np.ndarray, y: np.ndarray, xt: np.ndarray, yt: np.ndarray):
         self.split = {"train": (x, y), "test": (xt, yt)}
 
-    def _loader(self, split, shuffle):
+    def loader(self, split, train):
         x, y = self.split[split]
         for i in range(0, len(x), 7):
             yield {"time_series": torch.from_numpy(x[i : i + 7]), "target": torch.from_numpy(y[i : i + 7])}
@@ -101,7 +101,7 @@ def test_folds_from_separate_processes_join_into_one_table(bench, tmp_path):
                                                                         "repeat_last": {"mse": 1.29, "mae": 0.71}, "mse_vs_linear": 0.376 / 0.3815}]}}))
     out, md = tmp_path / "all.json", tmp_path / "BENCHMARKS.md"
     md.write_text("# Benchmarks\n\n## Other\n\nkept\n")
-    assert bench.main(["--merge", *files, str(fc), "--out", str(out), "--write", str(md)]) == 0
+    assert bench.main(["--merge", *files, str(fc), "--out", str(out), "--update-doc", str(md)]) == 0
     res = json.loads(out.read_text())
     a = res["audio"]
     assert [r["speaker"] for r in a["folds"]] == sorted(accs)
@@ -116,9 +116,12 @@ def test_folds_from_separate_processes_join_into_one_table(bench, tmp_path):
     assert "| **mean** | **0.810** | 0.583 | 0.388 | | |" in text and "## Other\n\nkept\n" in text
     # a second write replaces the section between its markers; what follows the section stays
     md.write_text(text + "notes after the section\n")
-    assert bench.main(["--merge", str(fc), "--out", str(out), "--write", str(md)]) == 0
+    assert bench.main(["--merge", str(fc), "--out", str(out), "--update-doc", str(md)]) == 0
     again = md.read_text()
-    assert again.count("## Generalisation") == 1 and again.count(bench.MARK_BEGIN) == 1 and again.endswith("notes after the section\n")
+    for fam in ("audio", "forecast"):
+        assert again.count(f"<!-- bench:generalisation-{fam} -->") == 1 and again.count(f"<!-- /bench:generalisation-{fam} -->") == 1
+    assert again.count("## Generalisation") == 2 and again.endswith("notes after the section\n")
+    assert "`run george ; run jackson ; run theo ; run yweweler`" in again
     assert "| 96 | 0.3760 | 0.3970 | 0.3815 |" in again and "| **mean** | **0.810**" in again  # the audio entry kept in --out
 
 
