@@ -73,3 +73,24 @@ def test_the_command_line_leaves_out_update_doc(doc):
     assert doc.command_line("bench/fp8.py", ["--rounds", "5", "--update-doc", "/tmp/B.md", "--threads", "1"]) == (
         "python bench/fp8.py --rounds 5 --threads 1")
     assert doc.command_line("bench/x.py", ["--update-doc", "--steps", "3", "--note", "a b"]) == "python bench/x.py --steps 3 --note 'a b'"
+
+
+def test_benchmarks_md_has_one_section_per_bench_script_and_cites_no_issue():
+    """Each script's ``--update-doc`` has its section in BENCHMARKS.md once; the page and its history cite no issue numbers."""
+    import re
+
+    from tests.conftest import REPO
+
+    text = (REPO / "BENCHMARKS.md").read_text()
+    names = set()
+    for script in sorted((REPO / "bench").glob("[!_]*.py")):
+        names |= set(re.findall(r'_doc\.add_argument\(\w+, "([\w<>-]+)"\)', script.read_text()))
+    names = {n for n in names if "<" not in n} | {f"generalisation-{f}" for f in ("audio", "forecast", "tabular")}
+    assert len(names) >= 11
+    for name in names:
+        assert text.count(f"<!-- bench:{name} -->") == 1 and text.count(f"<!-- /bench:{name} -->") == 1, name
+    pages = [REPO / "BENCHMARKS.md", *sorted((REPO / "docs" / "experiments").glob("*.md"))]
+    for page in pages:
+        assert not re.search(r"\bissues? ?#?\d+", page.read_text(), re.IGNORECASE), page
+    for link in re.findall(r"\]\((docs/experiments/[^)]+)\)", text):
+        assert (REPO / link).exists(), link
