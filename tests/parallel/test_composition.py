@@ -3,7 +3,7 @@ fragment} x {no adapter, LoRA}, run through the real ``mmte fit`` (the CLI class
 ``torchrun``) on the shipped recipes and ``MMTEModule`` / ``MetaTransformer``; never a toy module.
 
 * Equivalence: the quickstart (frozen pretrained MiniLM) and the ETTh1 forecaster (trainable 4-layer
-  backbone, channel-independent patches, RevIN) train 10 steps under every fragment and their per-step
+  backbone, channel-independent patches, RevIN) train 6 steps under every fragment and their per-step
   losses equal one process's within 1e-4 (fp32, same global batch: data-parallel runs take batch/dp per
   rank), with the same trainable parameters.
 * Matrix: fragment x precision x adapter, 2 steps each on the quickstart with a tiny 4-layer backbone:
@@ -15,7 +15,10 @@ fragment} x {no adapter, LoRA}, run through the real ``mmte fit`` (the CLI class
   that loss, |fp8 - fp32|: measured 2.7e-3 against an FP8 error of 5.1e-3 for fp8-block on tp2).
 * Refusals: combinations that cannot work fail before any process starts, with the reason asserted.
 
-The helper that runs a list of ``mmte fit`` argument lists in one launch is ``tests/parallel/cli_fit.py``.
+Every multi-process test of this file names its runs in :data:`PLANS`; the module fixture ``runs`` starts
+ONE launch per world size (1, 2, 4) over the runs of the tests pytest selected, so the file pays three
+start-ups (imports, process group) rather than one or more per test. The helper that runs a list of
+``mmte fit`` argument lists in one launch is ``tests/parallel/cli_fit.py``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import shutil
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -65,6 +70,14 @@ def launch(world: int, runs: dict[str, list[str]], tmp: Path, timeout: int) -> d
     seen twice in CI under load (in the gloo/C++ layer, between or after runs) and never reproduced alone.
     A second abort, or any Python error, fails the test.
     """
+    results, failure = launch_partial(world, runs, tmp, timeout)
+    assert not failure, failure
+    return results
+
+
+def launch_partial(world: int, runs: dict[str, list[str]], tmp: Path, timeout: int) -> tuple[dict, str]:
+    """As :func:`launch`, but a failed launch is returned, not raised: ``(results of the runs that finished,
+    "" or why the launch failed)``, so that each test of a shared launch reports its own runs."""
     tmp.mkdir(parents=True, exist_ok=True)
     spec, out = tmp / f"runs{world}.json", tmp / f"out{world}.json"
     spec.write_text(json.dumps(runs))
@@ -87,8 +100,10 @@ def launch(world: int, runs: dict[str, list[str]], tmp: Path, timeout: int) -> d
                     shutil.rmtree(args[args.index("--trainer.default_root_dir") + 1], ignore_errors=True)
             continue
         break
-    assert proc.returncode == 0 and out.exists() and not errors, f"{errors}\n{proc.stderr[-6000:]}"
-    return json.loads(out.read_text())
+    results = json.loads(out.read_text()) if out.exists() else {}
+    if proc.returncode == 0 and out.exists() and not errors:
+        return results, ""
+    return {**results, **errors}, f"launch of {world} process(es) failed (exit {proc.returncode}): {errors}\n{proc.stderr[-6000:]}"
 
 
 def _native_abort(proc: subprocess.CompletedProcess) -> bool:
@@ -111,10 +126,64 @@ def _ok(result: dict, name: str) -> dict:
     return result
 
 
+# ------------------------------------------------------------------------------------ one launch per world
+#: the runs of each multi-process test: ``plan(tmp, **its parameters) -> {world size: {run name: args}}``
+#: (run names are unique across the file; each run writes under ``tmp / name``)
+PLANS: dict[str, Callable[..., dict[int, dict[str, list[str]]]]] = {}
+FSDD = REPO.parent / "shared" / "data" / "fsdd" / "recordings"
+STEPS = 6  # the equivalence runs: every fragment's per-step losses against one process's
+
+
+def plan(test: str):
+    def register(fn):
+        PLANS[test] = fn
+        return fn
+    return register
+
+
+@dataclass
+class Runs:
+    """The results of the file's launches: ``tmp`` (the run folders' parent), ``results[name]``, and why a
+    launch failed (by world size; empty when it did not)."""
+
+    tmp: Path
+    results: dict[str, dict]
+    failures: dict[int, str]
+    world_of: dict[str, int]
+
+    def __getitem__(self, name: str) -> dict:
+        """The run's result, checked (:func:`_ok`); a run its launch never reached fails with the launch's reason."""
+        assert name in self.results, (name, self.failures.get(self.world_of.get(name, 0), "not planned"))
+        return _ok(self.results[name], name)
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory) -> Runs:
+    """One launch per world size over the planned runs of every selected test of this file."""
+    tmp = tmp_path_factory.mktemp("composition")
+    here = Path(request.module.__file__)
+    by_world: dict[int, dict[str, list[str]]] = {}
+    for item in request.session.items:
+        fn = PLANS.get(getattr(item, "originalname", ""))
+        if fn is None or Path(item.path) != here:
+            continue
+        params = item.callspec.params if hasattr(item, "callspec") else {}
+        for world, named in fn(tmp, **params).items():
+            by_world.setdefault(world, {}).update(named)
+    results, failures, world_of = {}, {}, {}
+    for world, named in sorted(by_world.items()):
+        got, failure = launch_partial(world, named, tmp / f"launch{world}", 900 + 60 * len(named))
+        results.update(got)
+        world_of.update(dict.fromkeys(named, world))
+        if failure:
+            failures[world] = failure
+    return Runs(tmp, results, failures, world_of)
+
+
 # -------------------------------------------------------------------------------------------- equivalence
 def _recipe_args(recipe: str, tmp: Path, name: str, dp: int) -> list[str]:
     args = ["--config", str(REPO / "recipes" / f"{recipe}.yaml"), "--precision", "32-true",
-            "--trainer.max_steps", "10", "--trainer.limit_val_batches", "1", "--trainer.enable_progress_bar", "false",
+            "--trainer.max_steps", str(STEPS), "--trainer.limit_val_batches", "1", "--trainer.enable_progress_bar", "false",
             "--trainer.enable_model_summary", "false", "--trainer.log_every_n_steps", "1",
             "--trainer.default_root_dir", str(tmp / name)]
     if recipe == "quickstart":
@@ -125,52 +194,76 @@ def _recipe_args(recipe: str, tmp: Path, name: str, dp: int) -> list[str]:
     return args
 
 
+@plan("test_every_parallel_fragment_trains_like_one_process")
+def _plan_every_fragment(tmp: Path, recipe: str) -> dict[int, dict[str, list[str]]]:
+    if recipe == "etth1_forecast" and not ETT.is_file():
+        return {}
+    out = {1: {f"eq-{recipe}-one": _recipe_args(recipe, tmp, f"eq-{recipe}-one", 1)}}
+    for frag, fragment_file in PARALLEL.items():
+        name = f"eq-{recipe}-{frag}"
+        out.setdefault(_world(frag), {})[name] = _recipe_args(recipe, tmp, name, _dp(frag)) + ["--config", str(fragment_file)]
+    return out
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(3600)
 @pytest.mark.parametrize("recipe", ["quickstart", "etth1_forecast"])
-def test_every_parallel_fragment_trains_like_one_process(recipe, tmp_path):
+def test_every_parallel_fragment_trains_like_one_process(recipe, runs):
     if recipe == "etth1_forecast":
         from tests.conftest import need_data
 
         need_data(ETT, "ETTh1")
-    ref = _ok(launch(1, {"one": _recipe_args(recipe, tmp_path, "one", 1)}, tmp_path, 600)["one"], "one")
-    assert len(ref["losses"]) == 10
-    by_world: dict[int, dict[str, list[str]]] = {}
-    for frag, fragment_file in PARALLEL.items():
-        args = _recipe_args(recipe, tmp_path, frag, _dp(frag)) + ["--config", str(fragment_file)]
-        by_world.setdefault(_world(frag), {})[frag] = args
-    for world, runs in sorted(by_world.items()):
-        got = launch(world, runs, tmp_path, 1200)
-        for frag in runs:
-            r = _ok(got[frag], frag)
-            assert len(r["losses"]) == 10, (frag, r["losses"])
-            # fp32 sums in another order (TP splits the GEMM reductions): 1e-4 relative to the loss
-            worst = _worst_gap(r["losses"], ref["losses"])
-            assert worst <= 1e-4, (frag, worst, r["losses"], ref["losses"])
-            assert sorted(r["trainable_abs_sums"]) == sorted(ref["trainable_abs_sums"]), frag  # freeze policy held
-            for k, v in ref["trainable_abs_sums"].items():  # the trained weights themselves
-                assert r["trainable_abs_sums"][k] == pytest.approx(v, rel=1e-3, abs=1e-3), (frag, k)
+    ref = runs[f"eq-{recipe}-one"]
+    assert len(ref["losses"]) == STEPS
+    for frag in PARALLEL:
+        r = runs[f"eq-{recipe}-{frag}"]
+        assert len(r["losses"]) == STEPS, (frag, r["losses"])
+        # fp32 sums in another order (TP splits the GEMM reductions): 1e-4 relative to the loss
+        worst = _worst_gap(r["losses"], ref["losses"])
+        assert worst <= 1e-4, (frag, worst, r["losses"], ref["losses"])
+        assert sorted(r["trainable_abs_sums"]) == sorted(ref["trainable_abs_sums"]), frag  # freeze policy held
+        for k, v in ref["trainable_abs_sums"].items():  # the trained weights themselves
+            assert r["trainable_abs_sums"][k] == pytest.approx(v, rel=1e-3, abs=1e-3), (frag, k)
+
+
+@plan("test_mixup_under_tensor_parallel_trains_like_one_process")
+def _plan_mixup(tmp: Path) -> dict[int, dict[str, list[str]]]:
+    mix = ["--model.mixup", "0.4"]
+    return {1: {"mixup-one": _recipe_args("quickstart", tmp, "mixup-one", 1) + mix},
+            2: {"mixup-tp2": _recipe_args("quickstart", tmp, "mixup-tp2", 1) + mix + ["--config", str(PARALLEL["tp2"]), "--desync_rng", "true"]}}
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_mixup_under_tensor_parallel_trains_like_one_process(tmp_path):
+@pytest.mark.timeout(3600)
+def test_mixup_under_tensor_parallel_trains_like_one_process(runs):
     """``model.mixup`` on the quickstart under tp2, with the two ranks' RNG streams pushed apart before every
     step: the first rank's blend weight and shuffle are broadcast to its tensor-parallel peer, so the
     per-step losses equal one process's within 1e-4 relative. Without the broadcast the peers blend
     different items and the shards' partial sums mix two batches."""
-    mix = ["--model.mixup", "0.4"]
-    ref = _ok(launch(1, {"one": _recipe_args("quickstart", tmp_path, "one", 1) + mix}, tmp_path, 600)["one"], "one")
-    tp = _recipe_args("quickstart", tmp_path, "tp2", 1) + mix + ["--config", str(PARALLEL["tp2"]), "--desync_rng", "true"]
-    r = _ok(launch(2, {"tp2": tp}, tmp_path, 900)["tp2"], "tp2")
-    assert len(r["losses"]) == len(ref["losses"]) == 10
+    ref, r = runs["mixup-one"], runs["mixup-tp2"]
+    assert len(r["losses"]) == len(ref["losses"]) == STEPS
     worst = _worst_gap(r["losses"], ref["losses"])
     assert worst <= 1e-4, (worst, r["losses"], ref["losses"])
 
 
+def _speaker_args(tmp: Path, name: str, dp: int) -> list[str]:
+    return ["--config", str(REPO / "recipes" / "fsdd_speakers.yaml"), "--precision", "32-true", "--data.init_args.data_dir", str(FSDD),
+            "--data.init_args.augment", "null", "--data.init_args.crop", "center", "--data.init_args.batch_size", str(32 // dp),
+            "--trainer.max_steps", "6", "--trainer.limit_val_batches", "1", "--trainer.enable_progress_bar", "false",
+            "--trainer.enable_model_summary", "false", "--trainer.log_every_n_steps", "1", "--trainer.default_root_dir", str(tmp / name)]
+
+
+@plan("test_speaker_recipe_with_its_pretrained_speech_stem_trains_under_ddp_and_fsdp_like_one_process")
+def _plan_speaker(tmp: Path) -> dict[int, dict[str, list[str]]]:
+    if not FSDD.is_dir():
+        return {}
+    return {1: {"speaker-one": _speaker_args(tmp, "speaker-one", 1)},
+            2: {f"speaker-{f}": _speaker_args(tmp, f"speaker-{f}", _dp(f)) + ["--config", str(PARALLEL[f])] for f in ("ddp", "fsdp")}}
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_speaker_recipe_with_its_pretrained_speech_stem_trains_under_ddp_and_fsdp_like_one_process(tmp_path):
+@pytest.mark.timeout(3600)
+def test_speaker_recipe_with_its_pretrained_speech_stem_trains_under_ddp_and_fsdp_like_one_process(runs):
     """The speaker recipe as shipped (the fixed speech-embedding stem's buffers in the tokenizer, the frozen
     pretrained MiniLM trunk with LoRA) under ddp and fsdp: the per-step losses equal one process's, and the
     trained weights agree. Augmentation off and the centre crop, so that the same clips give the same inputs
@@ -179,18 +272,10 @@ def test_speaker_recipe_with_its_pretrained_speech_stem_trains_under_ddp_and_fsd
     must agree within 1e-5 (the same data and weights), six steps within 1e-3."""
     from tests.conftest import need_data
 
-    data = str(need_data(REPO.parent / "shared" / "data" / "fsdd" / "recordings", "FSDD recordings"))
-
-    def args(name: str, dp: int) -> list[str]:
-        return ["--config", str(REPO / "recipes" / "fsdd_speakers.yaml"), "--precision", "32-true", "--data.init_args.data_dir", data,
-                "--data.init_args.augment", "null", "--data.init_args.crop", "center", "--data.init_args.batch_size", str(32 // dp),
-                "--trainer.max_steps", "6", "--trainer.limit_val_batches", "1", "--trainer.enable_progress_bar", "false",
-                "--trainer.enable_model_summary", "false", "--trainer.log_every_n_steps", "1", "--trainer.default_root_dir", str(tmp_path / name)]
-
-    ref = _ok(launch(1, {"one": args("one", 1)}, tmp_path, 600)["one"], "one")
-    got = launch(2, {f: args(f, _dp(f)) + ["--config", str(PARALLEL[f])] for f in ("ddp", "fsdp")}, tmp_path, 900)
-    for frag, r in got.items():
-        r = _ok(r, frag)
+    need_data(FSDD, "FSDD recordings")
+    ref = runs["speaker-one"]
+    for frag in ("ddp", "fsdp"):
+        r = runs[f"speaker-{frag}"]
         assert len(r["losses"]) == len(ref["losses"]) == 6
         first, worst = _worst_gap(r["losses"][:3], ref["losses"][:3]), _worst_gap(r["losses"], ref["losses"])
         assert first <= 1e-5 and worst <= 1e-3, (frag, first, worst, r["losses"], ref["losses"])
@@ -199,36 +284,45 @@ def test_speaker_recipe_with_its_pretrained_speech_stem_trains_under_ddp_and_fsd
             assert r["trainable_abs_sums"][k] == pytest.approx(v, rel=1e-3, abs=1e-3), (frag, k)
 
 
+EMA = ["--model.ema_decay", "0.9", "--trainer.limit_train_batches", "4", "--trainer.max_steps", str(STEPS)]
+
+
+@plan("test_weight_average_under_sharding_and_pipeline_matches_one_process")
+def _plan_weight_average(tmp: Path) -> dict[int, dict[str, list[str]]]:
+    if not ETT.is_file():
+        return {}
+    two = {f"ema-{f}": _recipe_args("etth1_forecast", tmp, f"ema-{f}", _dp(f)) + EMA + ["--config", str(PARALLEL[f])]
+           for f in ("fsdp", "tp2", "pp2-1f1b")}
+    two["ema-fsdp-dcp"] = (_recipe_args("etth1_forecast", tmp, "ema-fsdp-dcp", _dp("fsdp")) + EMA
+                           + ["--config", str(PARALLEL["fsdp"]), "--trainer.strategy.init_args.save_distributed_checkpoint", "true"])
+    return {1: {"ema-one": _recipe_args("etth1_forecast", tmp, "ema-one", 1) + EMA}, 2: two}
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_weight_average_under_sharding_and_pipeline_matches_one_process(tmp_path):
-    """``model.ema_decay`` on the ETTh1 recipe under fsdp, tp2 and pp2-1f1b, validating every 2 steps (the
-    averaged weights are swapped in and out 5 times): each rank averages its own shards or stage; the
-    per-step losses equal one process's within 1e-5 (so training never runs on averaged weights left behind
-    by a validation, e.g. in FSDP's gathered copy of a unit kept unsharded after forward: that gave 4e-5 on
-    the third step), and the checkpoint holds the same averaged and live weights as one process's, within
-    1e-4 (fp32 reduction order), with 10 updates counted. fsdp also writes a distributed (DCP) checkpoint
-    folder: consolidated, it holds the same."""
+@pytest.mark.timeout(3600)
+def test_weight_average_under_sharding_and_pipeline_matches_one_process(runs):
+    """``model.ema_decay`` on the ETTh1 recipe under fsdp, tp2 and pp2-1f1b over 6 steps of 4-batch epochs,
+    validating twice an epoch (the averaged weights are swapped in and out 3 times, across an epoch's end):
+    each rank averages its own shards or stage; the per-step losses equal one process's within 1e-5 (so
+    training never runs on averaged weights left behind by a validation, e.g. in FSDP's gathered copy of a
+    unit kept unsharded after forward: that gave 4e-5 on the third step), and the checkpoint holds the same
+    averaged and live weights as one process's, within 1e-4 (fp32 reduction order), with every update
+    counted. fsdp also writes a distributed (DCP) checkpoint folder: consolidated, it holds the same."""
     from mmte.training.portable import consolidate
     from tests.conftest import need_data
 
     need_data(ETT, "ETTh1")
-    ema = ["--model.ema_decay", "0.9", "--trainer.limit_train_batches", "4", "--trainer.max_steps", "10"]
-    ref_run = _ok(launch(1, {"one": _recipe_args("etth1_forecast", tmp_path, "one", 1) + ema}, tmp_path, 600)["one"], "one")
-    runs = {f: _recipe_args("etth1_forecast", tmp_path, f, _dp(f)) + ema + ["--config", str(PARALLEL[f])] for f in ("fsdp", "tp2", "pp2-1f1b")}
-    runs["fsdp-dcp"] = (_recipe_args("etth1_forecast", tmp_path, "fsdp-dcp", _dp("fsdp")) + ema
-                        + ["--config", str(PARALLEL["fsdp"]), "--trainer.strategy.init_args.save_distributed_checkpoint", "true"])
-    got = launch(2, runs, tmp_path, 1200)
-    ref = torch.load(tmp_path / "one" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    assert ref["mmte"]["ema"] == {"decay": 0.9, "updates": 10}
+    ref_run = runs["ema-one"]
+    ref = torch.load(runs.tmp / "ema-one" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ref["mmte"]["ema"] == {"decay": 0.9, "updates": STEPS}
     head = "model.heads.forecast.proj.weight"
     assert (ref["state_dict"][head] - ref["current_model_state"][head]).abs().max() > 1e-4  # averaged != live
-    for f in runs:
-        r = _ok(got[f], f)
-        assert len(r["losses"]) == len(ref_run["losses"]) == 10, (f, r["losses"])
+    for f in ("fsdp", "tp2", "pp2-1f1b", "fsdp-dcp"):
+        r = runs[f"ema-{f}"]
+        assert len(r["losses"]) == len(ref_run["losses"]) == STEPS, (f, r["losses"])
         worst = _worst_gap(r["losses"], ref_run["losses"])
         assert worst <= 1e-5, (f, worst, r["losses"], ref_run["losses"])
-        last = tmp_path / f / "checkpoints" / "last.ckpt"
+        last = runs.tmp / f"ema-{f}" / "checkpoints" / "last.ckpt"
         assert last.is_dir() == (f == "fsdp-dcp"), f
         ck = consolidate(last) if last.is_dir() else torch.load(last, map_location="cpu", weights_only=False)
         assert ck["mmte"]["ema"] == ref["mmte"]["ema"], f
@@ -246,26 +340,30 @@ def _joint_args(tmp: Path, name: str) -> list[str]:
             "--trainer.default_root_dir", str(tmp / name)]
 
 
+@plan("test_other_pipeline_schedules_and_joint_fusion_train_like_one_process")
+def _plan_schedules(tmp: Path) -> dict[int, dict[str, list[str]]]:
+    pp = ["--config", str(PARALLEL["pp2-1f1b"])]
+    one = {"sched-joint-one": _joint_args(tmp, "sched-joint-one")}
+    two = {"sched-joint": _joint_args(tmp, "sched-joint") + pp}
+    if ETT.is_file():
+        one["sched-ett-one"] = _recipe_args("etth1_forecast", tmp, "sched-ett-one", 1)
+        two["sched-interleaved"] = (_recipe_args("etth1_forecast", tmp, "sched-interleaved", 1) + pp
+                                    + ["--trainer.strategy.init_args.pp_schedule", "interleaved_1f1b", "--trainer.strategy.init_args.microbatches", "4"])
+        two["sched-dualpipev"] = (_recipe_args("etth1_forecast", tmp, "sched-dualpipev", 1) + ["--config", str(PARALLEL["pp2-zbv"])]
+                                  + ["--trainer.strategy.init_args.pp_schedule", "dualpipev"])
+    return {1: one, 2: two}
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1800)
-def test_other_pipeline_schedules_and_joint_fusion_train_like_one_process(tmp_path):
+@pytest.mark.timeout(3600)
+def test_other_pipeline_schedules_and_joint_fusion_train_like_one_process(runs):
     """The schedules the shipped fragments do not name (interleaved 1F1B, DualPipeV) on the ETTh1 recipe,
     and joint fusion (audio + image tokens concatenated, tokenizers on stage 0) under 1F1B: per-step
     losses equal one process's within 1e-4 relative."""
     if not ETT.is_file():
         pytest.skip(f"ETTh1 not found at {ETT}")
-    refs = launch(1, {"ett": _recipe_args("etth1_forecast", tmp_path, "one-ett", 1), "joint": _joint_args(tmp_path, "one-joint")}, tmp_path, 900)
-    pp = ["--config", str(PARALLEL["pp2-1f1b"])]
-    runs = {
-        "interleaved": _recipe_args("etth1_forecast", tmp_path, "interleaved", 1) + pp
-        + ["--trainer.strategy.init_args.pp_schedule", "interleaved_1f1b", "--trainer.strategy.init_args.microbatches", "4"],
-        "dualpipev": _recipe_args("etth1_forecast", tmp_path, "dualpipev", 1) + ["--config", str(PARALLEL["pp2-zbv"])]
-        + ["--trainer.strategy.init_args.pp_schedule", "dualpipev"],
-        "joint": _joint_args(tmp_path, "joint") + pp,
-    }
-    got = launch(2, runs, tmp_path, 1200)
     for name, ref in (("interleaved", "ett"), ("dualpipev", "ett"), ("joint", "joint")):
-        r, want = _ok(got[name], name), _ok(refs[ref], ref)["losses"]
+        r, want = runs[f"sched-{name}"], runs[f"sched-{ref}-one"]["losses"]
         assert len(r["losses"]) == len(want), (name, r["losses"])
         worst = _worst_gap(r["losses"], want)
         assert worst <= 1e-4, (name, worst, r["losses"], want)
@@ -291,44 +389,39 @@ def _check_lora(run_dir: Path, name: str) -> None:
     assert b and all(float(v.abs().sum()) > 0 for v in b), (name, "LoRA B stayed at its zero init: the adapters did not train")
 
 
-@pytest.fixture(scope="module")
-def matrix_refs(tmp_path_factory):
-    """One process's run of every precision x adapter combination (the matrix's references)."""
-    tmp = tmp_path_factory.mktemp("matrix")
-    refs = {f"{p}-{a}": _matrix_args(tmp, f"one-{p}-{a}", p, a, 1) for p in PRECISIONS for a in ADAPTERS}
-    return launch(1, refs, tmp, 900)
+@plan("test_fragment_precision_adapter_matrix")
+def _plan_matrix(tmp: Path, world: int) -> dict[int, dict[str, list[str]]]:
+    """One process's run of every precision x adapter combination (the references), and every cell of the
+    fragments of ``world`` processes."""
+    one = {f"matrix-one-{p}-{a}": _matrix_args(tmp, f"matrix-one-{p}-{a}", p, a, 1) for p in PRECISIONS for a in ADAPTERS}
+    cells = {f"matrix-{frag}-{p}-{a}": _matrix_args(tmp, f"matrix-{frag}-{p}-{a}", p, a, _dp(frag)) + ["--config", str(PARALLEL[frag])]
+             for frag in PARALLEL if _world(frag) == world for p in PRECISIONS for a in ADAPTERS}
+    return {1: one, world: cells}
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2400)
+@pytest.mark.timeout(3600)
 @pytest.mark.parametrize("world", sorted({_world(f) for f in PARALLEL}))
-def test_fragment_precision_adapter_matrix(world, matrix_refs, tmp_path):
-    runs: dict[str, list[str]] = {}
-    combo: dict[str, tuple[str, str]] = {}  # run name -> (its fragment, its single-process reference)
+def test_fragment_precision_adapter_matrix(world, runs):
+    failures = []
+    cells = 0
     for frag in (f for f in PARALLEL if _world(f) == world):
         for p in PRECISIONS:
             for a in ADAPTERS:
-                name = f"{frag}-{p}-{a}"
-                combo[name] = (frag, f"{p}-{a}")
-                runs[name] = _matrix_args(tmp_path, name, p, a, _dp(frag)) + ["--config", str(PARALLEL[frag])]
-    got = launch(world, runs, tmp_path, 2000)
-    failures = []
-    for name, r in got.items():
-        frag, key = combo[name]
-        try:
-            ref = _ok(matrix_refs[key], f"one-{key}")
-            _ok(r, name)
-            assert sorted(r["trainable_abs_sums"]) == sorted(ref["trainable_abs_sums"]), "trainable parameters differ from one process"
-            tol = 1e-4 if key.startswith("fp32") else 2e-3
-            if key.startswith(("fp8-block", "fp8-mx")) and _dims(frag).tp > 1:  # per-shard tiles: another grid
-                fp32 = _ok(matrix_refs[f"fp32-{key.rsplit('-', 1)[1]}"], "fp32")["losses"][0]
-                tol = max(tol, abs(ref["losses"][0] - fp32))
-            assert abs(r["losses"][0] - ref["losses"][0]) <= tol, ("first loss", r["losses"][0], ref["losses"][0])
-            if key.endswith("lora"):
-                _check_lora(tmp_path / name, name)
-        except AssertionError as e:
-            failures.append(f"{name}: {e}")
-    assert sorted(got) == sorted(runs)
+                name, key = f"matrix-{frag}-{p}-{a}", f"{p}-{a}"
+                cells += 1
+                try:
+                    ref, r = runs[f"matrix-one-{key}"], runs[name]
+                    assert sorted(r["trainable_abs_sums"]) == sorted(ref["trainable_abs_sums"]), "trainable parameters differ from one process"
+                    tol = 1e-4 if p == "fp32" else 2e-3
+                    if p in ("fp8-block", "fp8-mx") and _dims(frag).tp > 1:  # per-shard tiles: another grid
+                        tol = max(tol, abs(ref["losses"][0] - runs[f"matrix-one-fp32-{a}"]["losses"][0]))
+                    assert abs(r["losses"][0] - ref["losses"][0]) <= tol, ("first loss", r["losses"][0], ref["losses"][0])
+                    if a == "lora":
+                        _check_lora(runs.tmp / name, name)
+                except AssertionError as e:
+                    failures.append(f"{name}: {e}")
+    assert cells == len(PRECISIONS) * len(ADAPTERS) * sum(_world(f) == world for f in PARALLEL) > 0
     assert not failures, "\n".join(failures)
 
 
@@ -377,21 +470,3 @@ def test_pipeline_refuses_separate_fusion_predict_and_mixup(tmp_path):
     with pytest.raises(ValueError, match=r"^model.mixup 0.4 is not applied under pipeline parallel \(pp=2\)"):
         MMTEStrategy(pp=2, dp_shard=1).preflight(mixed, 2)
     assert MMTEStrategy(tp=2).preflight(mixed, 2).tp == 2  # tensor parallel blends the whole batch: allowed
-
-
-def test_readme_table_matches_the_matrix():
-    """The README's "what composes with what" table lists exactly the fragments, precisions and adapters
-    that ``test_fragment_precision_adapter_matrix`` trains (every cell of which must pass there)."""
-    text = (REPO / "README.md").read_text()
-    start = text.index("<!-- composition-table")
-    lines = [ln for ln in text[start:].splitlines()[1:] if ln.startswith("|")]
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
-    assert header[2:] == [*PRECISIONS, "+ LoRA"], header
-    rows = {}
-    for ln in lines[2:]:
-        cells = [c.strip() for c in ln.strip("|").split("|")]
-        rows[cells[0].split("`")[1]] = cells[1:]
-    assert sorted(rows) == sorted(PARALLEL)
-    for frag, cells in rows.items():
-        assert int(cells[0]) == _world(frag), frag
-        assert all(c == "yes" for c in cells[1:]), (frag, cells)

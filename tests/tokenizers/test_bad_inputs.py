@@ -103,3 +103,10 @@ def test_config_dataclass_per_modality():
         spec.make_config(**spec.example_config)
     fields = {f.name: f.default for f in dataclasses.fields(mmte.get_modality("audio").config)}
     assert fields["num_mel_bins"] == 128 and fields["patch_size"] == 16 and fields["stride"] == 10
+
+
+@pytest.mark.parametrize("patch_size", [0, -4, (4, 0)])
+def test_non_positive_patch_size(patch_size):
+    with pytest.raises(ValueError) as e:
+        mmte.tokenizers.create("image", dim=32, img_size=8, patch_size=patch_size, in_chans=1)
+    assert str(e.value) == f"patch_size must be positive; got {patch_size!r}"
