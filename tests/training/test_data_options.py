@@ -68,3 +68,20 @@ def test_batch_size_auto_follows_the_table(shared_data):
     with pytest.raises(ValueError) as e:
         TableDataModule(path="sklearn://wine", batch_size="large")
     assert str(e.value) == "batch_size must be a positive int or 'auto'; got 'large'"
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        ({"batch_size": 0}, "batch_size must be a positive int; got 0"),
+        ({"val_fraction": 1.5}, "val_fraction must be in [0, 1); got 1.5"),
+        ({"test_fraction": -0.1}, "test_fraction must be in [0, 1); got -0.1"),
+        ({"eval_batch_size": 0}, "eval_batch_size must be a positive int or null; got 0"),
+    ],
+    ids=["batch_size_0", "val_fraction_1.5", "test_fraction_negative", "eval_batch_size_0"],
+)
+def test_loader_options_are_checked_when_the_data_module_is_built(option, message):
+    """What ``--data.init_args.*`` sets is refused by the DataModule itself, in one line, before any file is read."""
+    with pytest.raises(ValueError) as e:
+        TableDataModule(path="/nonexistent/never-read.csv", label_column="target", **option)
+    assert str(e.value) == message
