@@ -381,7 +381,7 @@ def check_entry_strings(section: str, key: str, entry: Any) -> None:
     hints = _hints(cls)
     for k, v in entry.items():
         hint = hints.get(k)
-        if not isinstance(v, str) or hint is None or _type_ok(v, hint):
+        if not isinstance(v, str) or hint is None or _type_ok(v, hint) or (k in DATA_FILLED and _type_ok(v, DATA_FILLED[k])):
             continue
         if section == "heads":
             raise UsageError(f"model.heads.{key} ({name}) option {k} is {v!r} (a str)", f"expected {_hint_text(hint)}",
