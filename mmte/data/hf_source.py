@@ -100,7 +100,14 @@ def load_source(
     if data_dir is not None:
         kw["data_dir"] = data_dir
     try:
-        loaded = datasets.load_dataset(builder or p, **kw)
+        try:
+            loaded = datasets.load_dataset(builder or p, **kw)
+        except datasets.exceptions.DatasetGenerationError as e:
+            if "torchcodec" not in repr(e.__cause__):
+                raise
+            raise ValueError(f"{option} {p!r}: the {builder or 'dataset'} builder encodes its audio with torchcodec, which needs FFmpeg's shared "
+                             f"libraries (not loadable here); install them, or build the dataset with cast_column('audio', Audio()) over the "
+                             f"files' paths and save_to_disk, which mmte reads with soundfile") from None
     except FileNotFoundError as e:
         if builder is None and not os.path.isdir(p):
             raise FileNotFoundError(f"{option} {p!r}: no such dataset in the local Hugging Face cache {_cache_folders()}; "

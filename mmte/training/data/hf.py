@@ -516,7 +516,8 @@ class HFDataModule(MMTEDataModule):
             import datasets
 
             ds = datasets.Dataset.from_list(list(ds), features=ds.features)
-        fn = self._prepare_fn(split, ds, to_numpy=self.map_preprocess)
+        lazy = not self.map_preprocess or (split == "train" and self._augment is not None)
+        fn = self._prepare_fn(split, ds, to_numpy=not lazy)
         n = len(ds)
         self.names[split] = [str(v) for v in ds[self.id_column]] if self.id_column else [str(i) for i in range(n)]
         if split == "predict":
@@ -524,7 +525,6 @@ class HFDataModule(MMTEDataModule):
         if n == 0:
             self.datasets[split] = []
             return
-        lazy = not self.map_preprocess or (split == "train" and self._augment is not None)
         if lazy:  # a fresh augmentation draw per item and epoch: never cached
             prepared = ds.with_transform(fn)
         else:

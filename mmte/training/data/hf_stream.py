@@ -8,10 +8,11 @@ buffer (seeded per epoch), sharded over the data-parallel ranks, and resumable m
   before any decoding, so it yields exactly the items the interrupted run had not seen yet. (The
   ``datasets`` stream's own ``state_dict`` resumes at a shard offset but loses the shuffle buffer's
   content, so the order after a resume would differ.)
-* :class:`StreamLoader` is the resumable loader of :mod:`.samplers` whose sampler takes Lightning's
-  ``set_epoch`` to the stream (``IterableDataset.set_epoch``: the shard order and the buffer draw
-  ``seed + epoch``), so its saved position is dropped when it belongs to another epoch, as for the
-  map-style loader.
+* :class:`StreamLoader` is torchdata's ``StatefulDataLoader`` whose sampler takes Lightning's ``set_epoch``
+  to the stream (``IterableDataset.set_epoch``: the shard order and the buffer draw ``seed + epoch``), so a
+  saved position is used only in its own epoch, and whose generator is seeded from ``(seed, epoch)`` at
+  every iteration, so starting one draws nothing from torch's global generator (a resumed run's dropout
+  masks stay the uninterrupted run's).
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 from torch.utils.data import IterableDataset
 from torch.utils.data.dataloader import _InfiniteConstantSampler
-
-from .samplers import ResumableLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 __all__ = ["StreamLoader", "StreamedSplit"]
 
@@ -90,12 +91,17 @@ class _EpochSampler(_InfiniteConstantSampler):
         self.stream.set_epoch(epoch)
 
 
-class StreamLoader(ResumableLoader):
-    """:class:`~mmte.training.data.samplers.ResumableLoader` over a :class:`StreamedSplit`; ``seed`` seeds the worker RNGs."""
+class StreamLoader(StatefulDataLoader):
+    """torchdata's ``StatefulDataLoader`` over a :class:`StreamedSplit`; ``seed`` seeds the worker RNGs per epoch."""
 
     def __init__(self, dataset: StreamedSplit, seed: int = 0, **kwargs: Any):
-        super().__init__(dataset, **kwargs)
+        super().__init__(dataset, generator=torch.Generator(), **kwargs)
+        self.seed = seed
         sampler = _EpochSampler(dataset, seed)
         object.__setattr__(self, "sampler", sampler)  # DataLoader forbids setting it after __init__; Lightning reads it
         if self.batch_sampler is not None:
             self.batch_sampler.sampler = sampler
+
+    def __iter__(self):
+        self.generator.manual_seed((self.seed * 1_000_003 + self.sampler.epoch + 7_919) % (2**63))
+        return super().__iter__()
