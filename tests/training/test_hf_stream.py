@@ -1,0 +1,159 @@
+"""HFDataModule with ``streaming: true`` on generated parquet shards, through the real ``mmte fit``: under ddp (2
+ranks) every row is read exactly once per epoch, each rank a disjoint part (asserted by the rows' ids);
+shuffling by shards and a buffer differs between epochs; SIGTERM mid-epoch and ``--ckpt_path last`` end with
+the uninterrupted run's weights and metrics within 1e-6 (fp32; the head's dropout makes the random
+generators matter, the stream's position travels in the checkpoint)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ROWS, SHARDS = 256, 4
+HELPER = textwrap.dedent(
+    """
+    import json, os, time
+    from lightning.pytorch import Callback
+
+    class SeenIds(Callback):
+        def __init__(self, out: str = "ids"):
+            self.out, self.ids = out, {}
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.ids.setdefault(str(trainer.current_epoch), []).extend(int(i) for i in batch["index"])
+
+        def on_train_end(self, trainer, pl_module):
+            with open(f"{self.out}-{trainer.global_rank}.json", "w") as fh:
+                json.dump(self.ids, fh)
+
+    class SignalAt(Callback):
+        def __init__(self, step: int = 6):
+            self.step = step
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step == self.step:
+                from mmte import _signals
+
+                print(f"MMTE-TEST step {trainer.global_step}", flush=True)
+                t = time.monotonic()
+                while _signals.pending_signal() is None and time.monotonic() - t < 120:
+                    time.sleep(0.01)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    """``ROWS`` rows in ``SHARDS`` equal parquet shards (id, four numbers, a category, a ClassLabel label) and a validation file."""
+    import datasets
+
+    d = tmp_path_factory.mktemp("stream")
+    rng = np.random.default_rng(0)
+    n = ROWS + 64
+    x = rng.normal(size=(n, 4)).astype(np.float32)
+    label = (x[:, 0] + 0.5 * x[:, 1] > 0).astype(int) + (x[:, 2] > 1).astype(int)
+    feats = datasets.Features({"id": datasets.Value("int64"), **{f"f{j}": datasets.Value("float32") for j in range(4)},
+                               "cat": datasets.Value("string"), "label": datasets.ClassLabel(names=["low", "mid", "high"])})
+    table = {"id": list(range(n)), **{f"f{j}": x[:, j].tolist() for j in range(4)}, "cat": [f"c{k % 3}" for k in range(n)], "label": label.tolist()}
+    ds = datasets.Dataset.from_dict(table, features=feats)
+    per = ROWS // SHARDS
+    for s in range(SHARDS):
+        ds.select(range(s * per, (s + 1) * per)).to_parquet(str(d / f"train-{s}.parquet"))
+    ds.select(range(ROWS, n)).to_parquet(str(d / "validation.parquet"))
+    (d / "helper.py").write_text(HELPER)
+    cfg = {
+        "seed_everything": 0,
+        "precision": "32-true",
+        "trainer": {"max_epochs": 2, "devices": 1, "num_sanity_val_steps": 0, "enable_progress_bar": False, "enable_model_summary": False,
+                    "log_every_n_steps": 1, "limit_val_batches": 2},
+        "model": {"tokenizers": {"tabular": {"name": "tabular"}}, "backbone": "tiny", "backbone_weights": None, "freeze": "none",
+                  "heads": {"label": {"name": "classification", "pool": "cls", "hidden": 32, "dropout": 0.3}}, "lr": 1.0e-3},
+        "data": {"class_path": "mmte.training.data.HFDataModule",
+                 "init_args": {"path": "parquet", "data_files": {"train": str(d / "train-*.parquet"), "validation": str(d / "validation.parquet")},
+                               "columns": {"tabular": ["f0", "f1", "f2", "f3", "cat"]}, "label_column": "label", "id_column": "id",
+                               "streaming": True, "shuffle_buffer": 32, "batch_size": 16, "seed": 0}},
+    }
+    (d / "stream.yaml").write_text(yaml.safe_dump(cfg))
+    return d
+
+
+def _env(d: Path) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(d), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+def _fit_cmd(d: Path, root: Path, *extra: str) -> list[str]:
+    return ["-m", "mmte", "fit", "--config", str(d / "stream.yaml"), "--trainer.default_root_dir", str(root), *extra]
+
+
+def test_stream_reads_shards_and_knows_its_length(shards):
+    from mmte.training.data import HFDataModule
+
+    dm = HFDataModule("parquet", data_files={"train": str(shards / "train-*.parquet"), "validation": str(shards / "validation.parquet")},
+                      columns={"tabular": ["f0", "f1", "f2", "f3", "cat"]}, label_column="label", id_column="id", streaming=True,
+                      shuffle_buffer=32, batch_size=16)
+    dm.setup("fit")
+    assert dm.class_names == ["low", "mid", "high"] and len(dm.datasets["val"]) == 64
+    loader = dm.train_dataloader()
+    epochs = []
+    for epoch in (0, 1):
+        loader.sampler.set_epoch(epoch)  # what Lightning does at every epoch's start
+        epochs.append([int(i) for b in loader for i in b["index"]])
+    assert len(loader) == ROWS // 16
+    assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(ROWS)) and epochs[0] != epochs[1]
+
+
+@pytest.mark.slow
+def test_ddp_ranks_read_disjoint_parts_every_row_once_per_epoch(shards, tmp_path):
+    root = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(29700 + os.getpid() % 200),
+           *_fit_cmd(shards, root, "--config", str(ROOT / "configs" / "parallel" / "ddp.yaml"), "--data.init_args.batch_size", "8",
+                     "--trainer.callbacks+=helper.SeenIds", "--trainer.callbacks.out", str(tmp_path / "ids"))]
+    p = subprocess.run(cmd, cwd=ROOT, env=_env(shards), capture_output=True, text=True, timeout=900, check=False)
+    assert p.returncode == 0, p.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"ids-{r}.json").read_text()) for r in (0, 1)]
+    for epoch in ("0", "1"):
+        a, b = ranks[0][epoch], ranks[1][epoch]
+        assert len(a) == len(b) == ROWS // 2 and not set(a) & set(b)
+        assert sorted(a + b) == list(range(ROWS)), epoch
+
+
+@pytest.mark.slow
+def test_sigterm_mid_epoch_and_resume_equal_the_uninterrupted_run(shards, tmp_path):
+    env = _env(shards)
+    full = tmp_path / "full"
+    p = subprocess.run([sys.executable, *_fit_cmd(shards, full)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert p.returncode == 0, p.stderr[-3000:]
+    root = tmp_path / "cut"
+    proc = subprocess.Popen([sys.executable, *_fit_cmd(shards, root, "--trainer.callbacks+=helper.SignalAt", "--trainer.callbacks.step", "6")],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("MMTE-TEST step 6"):
+                proc.send_signal(signal.SIGTERM)
+                break
+        _, err = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err[-3000:]
+    saved = torch.load(root / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    loader = saved["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
+    assert saved["global_step"] == 6 and loader["dataset_state"] == {"epoch": 0, "rows": 6 * 16}  # the stream's position
+    p = subprocess.run([sys.executable, *_fit_cmd(shards, root, "--ckpt_path", "last")], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=900, check=False)
+    assert p.returncode == 0, p.stderr[-3000:]
+    a = torch.load(full / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    b = torch.load(root / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert a["global_step"] == b["global_step"] == 2 * ROWS // 16
+    diff = max((a["state_dict"][k].double() - b["state_dict"][k].double()).abs().max().item() for k in a["state_dict"])
+    assert diff <= 1e-6, diff
