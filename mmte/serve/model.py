@@ -17,6 +17,7 @@ checkpoint, for comparison).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -43,14 +44,18 @@ class ServedModel:
         ckpt_path: the checkpoint file (for ``/info``).
         runtime: one of :data:`RUNTIMES`.
         onnx_path: the ``mmte export`` ONNX file (``runtime="onnx"``).
+        step_context: the context ``trainer.predict`` runs each ``predict_step`` in (the precision plugin's:
+            e.g. bf16 autocast under ``bf16-mixed``), so answers equal predict's; None: none.
     """
 
-    def __init__(self, module: Any, datamodule: Any, ckpt_path: str, runtime: str = "inference", onnx_path: str | None = None):
+    def __init__(self, module: Any, datamodule: Any, ckpt_path: str, runtime: str = "inference", onnx_path: str | None = None,
+                 step_context: Any = None):
         if runtime not in RUNTIMES:
             raise UsageError(f"--runtime {runtime!r} is unknown", f"expected one of {RUNTIMES}", "use --runtime inference")
         if runtime == "onnx" and not onnx_path:
             raise UsageError("--runtime onnx needs the exported graph", "expected --onnx <file.onnx> written by mmte export", "run mmte export first")
         self.module, self.datamodule, self.ckpt_path, self.runtime = module, datamodule, ckpt_path, runtime
+        self.step_context = step_context if runtime != "eager" else None
         self.spec: InputSpec = input_spec(datamodule)
         self.class_names = list(datamodule.class_names) if getattr(datamodule, "class_names", None) else None
         module.eval()
@@ -63,7 +68,7 @@ class ServedModel:
     def predict(self, samples: Sequence[Any], ids: Sequence[str], top_k: Sequence[int | None] | int = 0) -> list[dict[str, Any]]:
         """Samples (from :meth:`InputSpec.decode`) -> one prediction row each, batched in one forward."""
         batch = self.spec.collate(list(samples))
-        with torch.inference_mode():
+        with torch.inference_mode(), (self.step_context() if self.step_context is not None else contextlib.nullcontext()):
             res = self.module.predict_step(batch, 0)
         return prediction_rows(res, ids, self.class_names, top_k)
 
@@ -158,4 +163,5 @@ def build_served(argv: Sequence[str], runtime: str = "inference", onnx_path: str
         dm.load_state_dict(ck[name])  # what trainer.predict restores (state_from already read the same)
     del ck
     logger.info("serving %s (%s) with the %s runtime", ckpt, type(module.model).__name__, runtime)
-    return ServedModel(module, dm, ckpt, runtime, onnx_path)
+    plugin = cli.trainer.strategy.precision_plugin
+    return ServedModel(module, dm, ckpt, runtime, onnx_path, plugin.predict_step_context)

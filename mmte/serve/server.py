@@ -156,7 +156,7 @@ class MMTEServer(ls.LitServer):
     stops the inference workers and returns.
     """
 
-    drain_s = 7.0
+    drain_s = 5.0
 
     def _start_server(self, port: Any, num_uvicorn_servers: Any, log_level: Any, sockets: Any, uvicorn_worker_type: Any, **kwargs: Any) -> Any:
         self._mmte_sockets = sockets
