@@ -1,4 +1,4 @@
-"""The ``mmte`` command: Lightning's CLI for recipes, plus ``list``, ``modalities``, ``convert``, ``export`` and ``env``.
+"""The ``mmte`` command: Lightning's CLI for recipes, plus ``tune``, ``serve``, ``list``, ``modalities``, ``convert``, ``export`` and ``env``.
 
 ::
 
@@ -13,11 +13,13 @@
     mmte convert  --from hf /path/to/bert --out bert.safetensors             # weights -> mmte file
     mmte export   --config recipes/quickstart.yaml --ckpt_path best --format onnx --out model.onnx
     mmte env                                                                 # versions, device, CPU flags
+    mmte tune     --config recipes/quickstart.yaml --tune.space space.yaml --tune.trials 20   # Optuna, on validation
+    mmte serve    --config recipes/quickstart.yaml --ckpt_path best [--port 8000]            # HTTP endpoint
     mmte fit      --config recipes/quickstart.yaml --precision auto          # bf16 where the CPU has it
 
 One module per verb: :mod:`~mmte.cli.fit` (fit, validate, test, predict through :class:`~mmte.cli.app.MMTECLI`),
 :mod:`~mmte.cli.listing` (list, modalities), :mod:`~mmte.cli.convert`, :mod:`~mmte.cli.export`,
-:mod:`~mmte.cli.env`. ``--ckpt_path best`` / ``last`` name ``<checkpoint folder>/{best,last}.ckpt`` in every
+:mod:`~mmte.cli.env`, :mod:`~mmte.cli.tune`, :mod:`~mmte.cli.serve`. ``--ckpt_path best`` / ``last`` name ``<checkpoint folder>/{best,last}.ckpt`` in every
 verb that takes a checkpoint (:mod:`~mmte.cli.checkpoint`). Lightning is imported only by the verbs that need it.
 
 Errors (:mod:`mmte.errors`, shown by :mod:`mmte.cli.errors`): a mistake stops the command with one
@@ -63,7 +65,7 @@ __all__ = [
     "single_process_checkpoint",
 ]
 
-_OVERVIEW = """usage: mmte {fit,validate,test,predict,list,modalities,convert,export,env} ... | mmte --version
+_OVERVIEW = """usage: mmte {fit,validate,test,predict,tune,serve,list,modalities,convert,export,env} ... | mmte --version
 
 Fine-tune Meta-Transformer-style multimodal models from recipe files.
 
@@ -74,6 +76,10 @@ commands:
   validate     evaluate a checkpoint on the validation split (--ckpt_path best | last | <file>)
   test         evaluate a checkpoint on the test split (--ckpt_path)
   predict      write predictions of a checkpoint to CSV/JSON (--ckpt_path, --prediction_writer.output)
+  tune         search a recipe's settings on the validation split with Optuna, each trial an mmte fit:
+               mmte tune --config <recipe> --tune.space space.yaml --tune.trials 20 (docs/tuning.md)
+  serve        a checkpoint behind a batched HTTP endpoint (LitServe): mmte serve --config <recipe>
+               --ckpt_path best [--port 8000] (docs/serving.md)
   list         what mmte knows by name, one line each: mmte list [modalities|heads|presets|sources|
                strategies|recipes|fragments]
   modalities   the registered modalities as a table (tokenizer, default head, input)

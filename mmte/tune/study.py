@@ -2,7 +2,9 @@
 
 Protocol: every trial is scored on the validation split (the best value of ``metric`` over its
 validations); the test split is never read. A study killed part-way continues from its storage: the
-trials that finished keep their results, a trial that was running is run again with the same values.
+trials that finished keep their results, a trial that was running is run again with the values it had
+drawn (its grid point, for the grid sampler), and the pre-flight run is not repeated when the command and
+the recipe files are those it passed for.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +26,7 @@ __all__ = ["TuneOptions", "run_study"]
 logger = logging.getLogger("mmte")
 
 _ERROR_ATTR = "error"  # a trial that failed by itself (not interrupted) carries its one-line reason
-_REQUEUED_ATTR = "requeued"  # the study's list of interrupted trial numbers already queued again
+_CHECKED_ATTR = "preflight_passed"  # the study's command_fingerprint whose pre-flight run passed
 
 
 @dataclass
@@ -83,6 +86,35 @@ def preflight(opts: TuneOptions) -> None:
     raise UsageError(f"--tune.space {keys[0]}: {msg}" if keys else msg)
 
 
+def command_fingerprint(opts: TuneOptions) -> str:
+    """A digest of what the pre-flight checks: the space, the metric, the flags every trial gets and the
+    contents of the ``--config`` files they name."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha256(json.dumps([sorted((k, repr(d)) for k, d in opts.space.items()), opts.metric, opts.base]).encode())
+    for i, arg in enumerate(opts.base):
+        path = opts.base[i + 1] if arg in ("--config", "-c") and i + 1 < len(opts.base) else arg.split("=", 1)[1] if arg.startswith("--config=") else None
+        if path is not None and os.path.isfile(path):
+            with open(path, "rb") as fh:
+                digest.update(fh.read())
+    return digest.hexdigest()
+
+
+def _stored_attr(opts: TuneOptions, key: str) -> Any:
+    """The study's user attribute ``key`` when its storage and the study exist already (nothing is created)."""
+    url = opts.storage_url
+    for prefix in ("sqlite:///", "journal:"):
+        if url.startswith(prefix) and not os.path.isfile(url[len(prefix):]):
+            return None
+    import optuna
+
+    try:
+        return optuna.load_study(study_name=opts.study, storage=open_storage(url)).user_attrs.get(key)
+    except KeyError:  # no study of that name in the storage
+        return None
+
+
 def _make_sampler(opts: TuneOptions) -> Any:
     import optuna
 
@@ -124,26 +156,44 @@ def _pruner_settings(opts: TuneOptions) -> dict[str, Any]:
     return {"name": opts.pruner, "startup_trials": opts.startup_trials, "warmup_steps": opts.warmup_steps}
 
 
+def _retried(study: Any) -> set[int]:
+    """The numbers of the trials already queued again: every number in a retry's history."""
+    from optuna.exceptions import ExperimentalWarning
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        return {n for t in study.get_trials(deepcopy=False) for n in RetryHeartbeatStaleTrialCallback.retry_history(t)}
+
+
 def requeue_interrupted(study: Any) -> int:
-    """Queue again, with the same values, the trials an earlier (killed or stopped) ``mmte tune`` left unfinished;
-    returns how many trials of the study are done (complete, pruned, or failed by themselves)."""
+    """Queue again the trials an earlier (killed or stopped) ``mmte tune`` left unfinished; returns how many
+    trials of the study are done (complete, pruned, or failed by themselves).
+
+    A trial can be cut at any point: before Optuna gave it its values, after some of them, or while its
+    ``mmte fit`` ran. Optuna's :class:`~optuna.storages.RetryHeartbeatStaleTrialCallback` queues a copy carrying
+    the values drawn so far and the sampler's own marks (the grid point of ``GridSampler``), so the copy
+    runs the same point and draws only what is missing. The copy's retry history names the trial, which
+    is how a later resume knows it was already queued (the copy and that record are one storage write).
+    """
+    from optuna.exceptions import ExperimentalWarning
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
     from optuna.trial import TrialState
 
-    requeued = set(study.user_attrs.get(_REQUEUED_ATTR, []))
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):  # its mmte tune is gone (one tune per study at a time)
+        study.tell(t.number, state=TrialState.FAIL)
+    retried = _retried(study)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        retry = RetryHeartbeatStaleTrialCallback()
     done = 0
-    for t in study.get_trials(deepcopy=False):
-        if t.state == TrialState.RUNNING:  # its mmte tune is gone (one tune per study at a time)
-            study.tell(t.number, state=TrialState.FAIL)
-        elif t.state == TrialState.FAIL and _ERROR_ATTR in t.user_attrs or t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+    for t in study.get_trials(deepcopy=True):
+        if t.state == TrialState.FAIL and _ERROR_ATTR in t.user_attrs or t.state in (TrialState.COMPLETE, TrialState.PRUNED):
             done += 1
-            continue
-        elif t.state != TrialState.FAIL:
-            continue
-        if t.number not in requeued:
-            study.enqueue_trial(t.params, user_attrs={"resumes": t.number}, skip_if_exists=False)
-            requeued.add(t.number)
-            logger.info("trial %d was interrupted; it runs again with the same values", t.number)
-    study.set_user_attr(_REQUEUED_ATTR, sorted(requeued))
+        elif t.state == TrialState.FAIL and t.number not in retried:
+            t.user_attrs = {}  # the copy starts afresh: none of the interrupted run's marks (its folder, a pruning note)
+            retry(study, t)
+            logger.info("trial %d was interrupted; it runs again with the values it had drawn", t.number)
     return done
 
 
@@ -157,11 +207,17 @@ def _score(values: dict[int, float], mode: str) -> float:
 
 
 def run_study(opts: TuneOptions) -> Any:
-    """Pre-flight, then the trials still missing from the study; returns the study."""
+    """Pre-flight (unless it passed for the same command and recipe files: a resumed study), then the trials
+    still missing from the study; returns the study."""
     import optuna
 
-    preflight(opts)
+    checked = command_fingerprint(opts)
+    if _stored_attr(opts, _CHECKED_ATTR) == checked:
+        logger.info("the pre-flight run passed for this study's command and recipe files before; not repeated")
+    else:
+        preflight(opts)
     study = open_study(opts)
+    study.set_user_attr(_CHECKED_ATTR, checked)
     done = requeue_interrupted(study)
     todo = max(0, opts.trials - done)
     threads = threads_per_trial(min(opts.jobs, max(todo, 1)))

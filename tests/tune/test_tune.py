@@ -67,6 +67,52 @@ def test_trial_command_carries_values_threads_and_the_pruning_callback():
     assert last_error_line("x\nmmte: error: bad value, expected y\n") == "bad value, expected y"
 
 
+# ------------------------------------------------------------------------------------ resuming
+GRID = {"model.lr": [3e-3, 1e-12, 1e-3]}
+
+
+def _grid_study(path: Path):
+    import optuna
+
+    return optuna.create_study(storage=f"sqlite:///{path}", study_name="s", load_if_exists=True, direction="maximize",
+                               sampler=optuna.samplers.GridSampler(GRID, seed=0))
+
+
+def _grid_objective(trial) -> float:
+    return {1e-3: 0.9, 1e-12: 0.1, 3e-3: 0.8}[trial.suggest_categorical("model.lr", GRID["model.lr"])]
+
+
+@pytest.mark.parametrize("cut", ["between trials", "trial created", "grid point given", "values drawn", "stopped by a signal"])
+def test_a_trial_cut_at_any_point_runs_its_values_again_and_the_grid_completes(tmp_path, cut):
+    """Where a kill can leave the study: the next trial not created yet, created without values, given its grid
+    point but no values yet, running with its values, or failed by a forwarded signal. Resumed (twice, the
+    second finding nothing to do), every grid point is run exactly once to the end."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from mmte.tune.study import requeue_interrupted
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = _grid_study(tmp_path / "s.db")
+    study.optimize(_grid_objective, n_trials=1)
+    if cut == "trial created":
+        study._storage.create_new_trial(study._study_id)
+    elif cut == "grid point given":
+        study.ask()
+    elif cut in ("values drawn", "stopped by a signal"):
+        t = study.ask()
+        t.suggest_categorical("model.lr", GRID["model.lr"])
+        if cut == "stopped by a signal":
+            study.tell(t, state=TrialState.FAIL)
+    for _ in range(2):
+        study = _grid_study(tmp_path / "s.db")
+        done = requeue_interrupted(study)
+        study.optimize(_grid_objective, n_trials=max(0, 3 - done))
+    finished = [t for t in study.get_trials() if t.state == TrialState.COMPLETE]
+    assert sorted(t.params["model.lr"] for t in finished) == [1e-12, 1e-3, 3e-3], [(t.number, t.state, t.params) for t in study.get_trials()]
+    assert all(t.state in (TrialState.COMPLETE, TrialState.FAIL) for t in study.get_trials())
+
+
 # -------------------------------------------------------------------------------- command checks
 def _tune(tmp_path, *args: str) -> list[str]:
     return ["tune", "--config", RECIPE, "--tune.out", str(tmp_path / "out"), *args]
@@ -86,6 +132,17 @@ def test_bad_tune_input_is_one_error_line_before_any_trial(tmp_path, capsys, spa
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("mmte: error: ") and message in err[-1], err
     assert not (tmp_path / "out" / "trials").exists()
+
+
+def test_the_overview_names_every_command(capsys):
+    from mmte.cli import COMMANDS, LIGHTNING_COMMANDS
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    usage = out.splitlines()[0]
+    listed = {line.split()[0] for line in out.split("commands:", 1)[1].splitlines() if line.startswith("  ") and not line.startswith("   ")}
+    for verb in (*LIGHTNING_COMMANDS, *COMMANDS):
+        assert verb in usage and verb in listed, verb
 
 
 def _run(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -143,9 +200,10 @@ def test_tune_through_the_cli_prunes_resumes_and_writes_a_reproducible_recipe(tm
     assert len(first) == 1
     stamp = os.path.getmtime(out / "trials" / str(first[0].number) / "fit.log")
 
-    # resumed: the finished trial is kept, the interrupted one runs again with its values, the grid is completed
+    # resumed (no second pre-flight): the finished trial is kept, the interrupted one runs again with its values, the grid is completed
     r = _run(args, tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "pre-flight run passed for this study's command and recipe files before" in r.stderr, r.stderr[-3000:]
     trials = _study(out).get_trials(deepcopy=False)
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert sorted(t.params["model.lr"] for t in finished) == [1e-12, 1e-3, 3e-3], [(t.number, t.state, t.params) for t in trials]
