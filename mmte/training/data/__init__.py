@@ -1,7 +1,7 @@
 """LightningDataModules over :mod:`mmte.data` (Hugging Face ``datasets``), one file per kind of source.
 
 * :mod:`.base` -- :class:`MMTEDataModule`: sources, splits, loaders, fitted state, ``model_info``;
-* :mod:`.samplers` -- the training / evaluation samplers and the resumable loader;
+* :mod:`.samplers` -- the training / evaluation samplers and the streams' resumable loader;
 * :mod:`.state` -- the data state saved in checkpoints, read back for ``state_from``;
 * :mod:`.array`, :mod:`.folder`, :mod:`.table`, :mod:`.forecast`, :mod:`.paired`, :mod:`.hf` -- the sources
   (:mod:`.hf_stream`: the streamed training split of :mod:`.hf`).

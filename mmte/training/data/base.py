@@ -63,6 +63,7 @@ from ...data import collate_batch
 from ...data import datasets as mds
 from ...data.splits import split_indices
 from ...tokenizers.registry import get_modality
+from ..guards import ResumableDataLoader
 from .samplers import ResumableLoader, eval_sampler, train_sampler
 from .state import STATE_FORMAT, read_data_state
 
@@ -283,7 +284,7 @@ class MMTEDataModule(LightningDataModule):
             return ResumableLoader(ds, **kw)
         replicas, rank = self.replicas()
         if train:  # resumable: a run stopped mid-epoch (SIGTERM) continues with the batches it had not seen yet
-            return ResumableLoader(ds, sampler=train_sampler(len(ds), self.seed, replicas, rank), drop_last=self.drop_last, **kw)
+            return ResumableDataLoader(ds, sampler=train_sampler(len(ds), self.seed, replicas, rank), drop_last=self.drop_last, **kw)
         return DataLoader(ds, sampler=eval_sampler(len(ds), replicas, rank), **kw)
 
     def train_dataloader(self) -> DataLoader:

@@ -1,4 +1,4 @@
-"""Samplers and the resumable training loader of the DataModules (torch, Lightning and torchdata pieces).
+"""The DataModules' samplers (torch and Lightning pieces), and which loader resumes training.
 
 * Training: torch's ``DistributedSampler`` over ``range(n)``, shuffled by ``(seed, epoch)`` (Lightning
   calls ``set_epoch``). Every rank draws the same global permutation and rank ``r`` of ``R`` takes items
@@ -7,9 +7,12 @@
   process's batch ``k`` of size ``B``: multi-process losses equal one process's.
 * Evaluation: Lightning's ``UnrepeatedDistributedSampler`` in order (rank ``r`` takes ``r, r + R, ...``,
   no padding), so every item is scored exactly once over all ranks.
-* :class:`ResumableLoader`: torchdata's ``StatefulDataLoader``, whose ``state_dict`` (the batches served
-  this epoch) Lightning stores in every checkpoint, so a run stopped mid-epoch continues with exactly the
-  batches it had not seen (skipped at the sampler; no data is read for them).
+* Training loads through :class:`mmte.training.guards.ResumableDataLoader`, whose ``state_dict`` (epoch,
+  batches served) Lightning stores in every checkpoint, so a run stopped mid-epoch continues with exactly
+  the batches it had not seen. torchdata's ``StatefulDataLoader`` resumes mid-epoch alike, but a run
+  stopped at an epoch's last batch under ``limit_train_batches`` and resumed does not end with the
+  uninterrupted run's weights (tests/training/test_signals.py, ``sigint-epoch-end``), so it serves only
+  iterable (streamed) datasets, through :class:`ResumableLoader`.
 
 Both samplers are ``DistributedSampler`` instances, which Lightning leaves in place.
 """
@@ -24,11 +27,11 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-logger = logging.getLogger(__name__)
-
 __all__ = ["ResumableLoader", "eval_sampler", "train_sampler"]
 
 _EPOCH = "mmte_epoch"
+
+logger = logging.getLogger(__name__)
 
 
 def train_sampler(n: int, seed: int = 0, num_replicas: int = 1, rank: int = 0, drop_last: bool = False) -> DistributedSampler:
