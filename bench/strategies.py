@@ -90,12 +90,21 @@ def worker(out: str, args: list[str], warmup: int) -> None:
     Path(out).write_text(json.dumps(res))
 
 
+def _free_port() -> int:
+    """A port no one listens on now (a fixed one collides with other jobs' process groups on a shared machine)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _run(world: int, args: list[str], warmup: int, tmp: str, name: str) -> dict:
     out = os.path.join(tmp, f"{name}.json")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     me = [str(Path(__file__).resolve()), "--worker", out, "--warmup", str(warmup), "--", *args]
     cmd = [sys.executable, *me] if world == 1 else [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world),
-                                                     "--master_port", str(29700 + world), *me]
+                                                     "--master_port", str(_free_port()), *me]
     p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
     if p.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{p.stderr[-3000:]}")
