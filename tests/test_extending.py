@@ -19,6 +19,8 @@ from mmte.cli import main
 from mmte.heads import HEADS, list_heads
 from mmte.tokenizers import registry
 
+from .tokenizers import contract, helpers
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "extending.md"
 EXAMPLE = ROOT / "examples" / "ecg.py"
@@ -129,16 +131,13 @@ def test_python_route_runs_as_written(on_path, tmp_path, capsys):
 
 def test_ecg_meets_the_registry_contract(ecg, monkeypatch):
     """What the registry sweep checks for every built-in modality, on the example."""
-    from tests import test_registry_sweep as sweep
-    from tests.tokenizers import helpers
-
     monkeypatch.setitem(helpers.HEAD_REQUIRED, "attention_pool", {"num_classes": 5})
     for size in (0, 1):
-        sweep.test_forward_shape_no_nan("ecg", size)
-    for policy in sweep.POLICIES:
-        sweep.test_backward_reaches_exactly_trainable("ecg", policy)
-    sweep.test_meta_construction_and_reset("ecg")
-    sweep.test_padding_is_masked("ecg")
+        contract.check_forward_shape_no_nan("ecg", size)
+    for policy in contract.POLICIES:
+        contract.check_backward_reaches_exactly_trainable("ecg", policy)
+    contract.check_meta_construction_and_reset("ecg")
+    contract.check_padding_is_masked("ecg")
     # the head: attention weights over the real tokens only (a padded token changes nothing)
     torch.manual_seed(0)
     head = ecg.AttentionPoolHead(8, 3)
