@@ -25,6 +25,7 @@ EXTRAS = {
     "onnx": "export",
     "onnxruntime": "export",
     "onnxscript": "export",
+    "litserve": "serve",
     "open_clip": "open_clip",
     "openwakeword": "speech",
     "transformer_engine": "te",

@@ -224,9 +224,9 @@ def input_spec(dm: Any) -> InputSpec:
         if getattr(dm, "group_norm", False):
             raise MMTEError("the recipe's data uses group_norm (each clip standardised by its speaker's clips)",
                             "expected per-file preprocessing for serving", "serve a model trained without group_norm")
-        return InputSpec("files", dm.modality, dm._fn, collate)  # the predict split's own per-file function
+        return InputSpec("files", dm.modality, dm.preprocess_item, collate)  # the predict split's own per-file function
     if kind == "ArrayDataModule":
-        return InputSpec("arrays", dm.modality, dm._fn, collate, shape=tuple(int(s) for s in dm._x.shape[1:]))
+        return InputSpec("arrays", dm.modality, dm.preprocess_item, collate, shape=dm.item_shape)
     if kind == "TableDataModule":
         schema = dm.schema
 

@@ -62,7 +62,7 @@ class ServedModel:
         if runtime == "inference":
             module.on_predict_start()  # predict's own preparation: the inference copy in predict_dtype
         elif runtime == "onnx":
-            object.__setattr__(module, "_inference", OnnxRunner(onnx_path, module.model))  # what predict_step calls
+            object.__setattr__(module, "inference_model", OnnxRunner(onnx_path, module.model))  # what predict_step calls
         self.dtype = "fp32" if runtime != "inference" else _dtype_name(module)
 
     def predict(self, samples: Sequence[Any], ids: Sequence[str], top_k: Sequence[int | None] | int = 0) -> list[dict[str, Any]]:

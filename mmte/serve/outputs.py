@@ -26,11 +26,11 @@ def prediction_rows(res: Mapping[str, Any], ids: Sequence[str], class_names: Seq
         top_k: per item (or for all) how many classes with their probabilities to add (0 or None: none).
     """
     # the prediction writer's own column assembly, so a row here is a row of predictions.csv
-    from ..training.callbacks import PredictionWriter, _batch_columns, _plain
+    from ..training.callbacks import PredictionWriter, batch_columns, plain_value
 
-    _, cols, n = _batch_columns({k: v for k, v in res.items() if k != "index"})
-    table = PredictionWriter._assemble({"id": list(ids)}, cols, list(class_names) if class_names else None)
-    rows = [{k: _plain(v[i]) for k, v in table.items()} for i in range(n)]
+    _, cols, n = batch_columns({k: v for k, v in res.items() if k != "index"})
+    table = PredictionWriter.assemble({"id": list(ids)}, cols, list(class_names) if class_names else None)
+    rows = [{k: plain_value(v[i]) for k, v in table.items()} for i in range(n)]
     ks = [top_k] * n if isinstance(top_k, int) or top_k is None else list(top_k)
     heads = [h for h in res if h != "index"]
     for h in heads:

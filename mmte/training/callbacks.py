@@ -44,7 +44,7 @@ from ..errors import RunError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MMTECheckpoint", "PredictionWriter", "atomic_write", "atomic_write_with"]
+__all__ = ["MMTECheckpoint", "PredictionWriter", "atomic_write", "atomic_write_with", "batch_columns", "plain_value"]
 
 
 def _remove(path: str) -> None:
@@ -263,7 +263,7 @@ def _numpy(v: Any) -> np.ndarray:
         v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v))
 
 
-def _batch_columns(out: Mapping[str, Any]) -> tuple[np.ndarray | None, dict[str, np.ndarray], int]:
+def batch_columns(out: Mapping[str, Any]) -> tuple[np.ndarray | None, dict[str, np.ndarray], int]:
     """One ``predict_step`` output -> ``(positions [B] or None, {column: array [B, ...]}, B)``; columns are
     ``{head}/{kind}`` (kind: pred, prob, value, target or an embedding's modality)."""
     index = out.get("index")
@@ -321,7 +321,7 @@ class PredictionWriter(BasePredictionWriter):
         self, trainer: Trainer, pl_module: LightningModule, prediction: Any, batch_indices: Any, batch: Any, batch_idx: int, dataloader_idx: int
     ) -> None:
         if isinstance(prediction, Mapping):
-            self._parts.append(_batch_columns(prediction))
+            self._parts.append(batch_columns(prediction))
 
     # ---------------------------------------------------------------------------------- gather
     def _local(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -376,7 +376,7 @@ class PredictionWriter(BasePredictionWriter):
             ids = {k: [v[i] for i in positions] for k, v in ids.items()}
         else:
             ids = {"id": positions.tolist()}
-        self.table = self._assemble(ids, cols, getattr(dm, "class_names", None))
+        self.table = self.assemble(ids, cols, getattr(dm, "class_names", None))
         arrays = [k for k, v in self.table.items() if isinstance(v, np.ndarray) and v.ndim > 1]
         path = self.output or os.path.join(log_dir or trainer.default_root_dir, "predictions.npz" if arrays else "predictions.csv")
         self._write(path, arrays)
@@ -386,7 +386,9 @@ class PredictionWriter(BasePredictionWriter):
 
     # --------------------------------------------------------------------------------- columns
     @staticmethod
-    def _assemble(ids: Mapping[str, list[Any]], cols: Mapping[str, np.ndarray], class_names: list[str] | None) -> dict[str, Any]:
+    def assemble(ids: Mapping[str, list[Any]], cols: Mapping[str, np.ndarray], class_names: list[str] | None) -> dict[str, Any]:
+        """The file's columns: ``ids``, then per head (prefixed ``<head>_`` when there are several) class names
+        for ``pred``/``target``, ``prob`` rounded to 6 digits, other values as float32 (``mmte serve``'s rows too)."""
         heads = list(dict.fromkeys(k.split("/")[0] for k in cols))
         table: dict[str, Any] = dict(ids)
         for h in heads:
@@ -419,7 +421,7 @@ class PredictionWriter(BasePredictionWriter):
             )
         n = len(next(iter(self.table.values())))
         if path.endswith(".json"):
-            rows = [{k: _plain(v[i]) for k, v in self.table.items()} for i in range(n)]
+            rows = [{k: plain_value(v[i]) for k, v in self.table.items()} for i in range(n)]
             atomic_write(path, json.dumps(rows, indent=1))
             return
         import pandas as pd
@@ -456,7 +458,8 @@ def _array(v: Any) -> np.ndarray:
     return a.astype(str) if a.dtype == object else a
 
 
-def _plain(v: Any) -> Any:
+def plain_value(v: Any) -> Any:
+    """One table cell as a JSON value: arrays as lists, NumPy scalars as Python ones, a non-finite float as None."""
     if isinstance(v, np.ndarray):
         return v.tolist()
     if isinstance(v, np.generic):

@@ -448,22 +448,24 @@ class MMTEModule(CheckpointHooks, PipelineHooks, LightningModule):
             from ..inference import resolve_dtype
 
             dtype = resolve_dtype(self.hparams.predict_dtype, self.device)
-            object.__setattr__(self, "_inference", None)
+            object.__setattr__(self, "inference_model", None)
             object.__setattr__(self, "_predict_autocast", dtype == "bf16")
             return
         # not a registered submodule: it shares the model's weights and must not enter state_dict()
         infer = self.model.inference(self.hparams.predict_dtype, compile=self.hparams.fuse_for_inference, device=self.device)
-        object.__setattr__(self, "_inference", infer)
+        object.__setattr__(self, "inference_model", infer)
 
     def on_predict_end(self) -> None:
-        object.__setattr__(self, "_inference", None)
+        object.__setattr__(self, "inference_model", None)
         self._ema_eval(False)
 
     def predict_step(self, batch: Mapping[str, Any], batch_idx: int, dataloader_idx: int = 0) -> dict[str, Any]:
         """Per-head predictions: classification ``{pred [B], prob [B, C]}``, regression/forecasting
         ``{value [B, ...]}``, contrastive ``{<modality>: [B, E]}``; plus ``index`` (row ids) and the
-        target when the batch carries it."""
-        infer = getattr(self, "_inference", None)
+        target when the batch carries it. The forward is ``inference_model`` when set (the inference copy of
+        :meth:`on_predict_start`, or any callable batch -> head outputs such as ``mmte serve``'s onnxruntime
+        runner), else the model itself."""
+        infer = getattr(self, "inference_model", None)
         if infer is not None:
             out = infer(batch)
         else:

@@ -27,13 +27,18 @@ class ArrayDataModule(MMTEDataModule):
         if dataset not in mds.SKLEARN_DATASETS:
             raise ValueError(f"unknown dataset {dataset!r}; expected one of {mds.SKLEARN_DATASETS}")
         self.dataset, self.modality, self.preprocess = dataset, modality, dict(preprocess or {})
-        self._fn = preprocess_fn(modality, self.preprocess)  # validates the modality name now
+        self.preprocess_item = preprocess_fn(modality, self.preprocess)  # one item -> one sample; validates the modality name now
         self._x, self._y, names = mds.sklearn_arrays(dataset)
         self._dataset_classes = names
         self.class_names = names
         self._split: dict[str, list[int]] | None = None
         self.indices: dict[str, list[int]] = {}  # split -> rows of the scikit-learn dataset
         self._init_state()
+
+    @property
+    def item_shape(self) -> tuple[int, ...]:
+        """The shape of one item of the dataset (digits: ``(8, 8)``)."""
+        return tuple(int(s) for s in self._x.shape[1:])
 
     def apply_state(self, state: Mapping[str, Any]) -> None:
         if list(state["class_names"]) != self._dataset_classes:
@@ -46,7 +51,7 @@ class ArrayDataModule(MMTEDataModule):
         if self._split is None:
             self._split = self._split_by_fraction(self._y)
         idx = self._split[split]
-        fns = {self.modality: ("x", self._fn)}
+        fns = {self.modality: ("x", self.preprocess_item)}
         self.collates = {self.modality: get_modality(self.modality).collate_fn}
         ds = mds.arrays_dataset(self._x[idx], self._y[idx]).add_column("index", list(range(len(idx))))
         self.datasets[split] = self._prepare(ds, fns, (self.dataset, self.modality, self.preprocess, split, self.seed, "pos"))

@@ -305,7 +305,7 @@ class FolderDataModule(MMTEDataModule):
         if self.fbank_stats is not None:
             opts["mean"], opts["std"] = self.fbank_stats
         self._effective_preprocess = opts
-        self._fn = preprocess_fn(self.modality, opts, self.min_frames)
+        self.preprocess_item = preprocess_fn(self.modality, opts, self.min_frames)  # one file -> one sample (with the saved state)
         self.datasets.clear()
 
     @property
@@ -360,7 +360,7 @@ class FolderDataModule(MMTEDataModule):
 
         ds = datasets.Dataset.from_dict({**cols, "index": list(range(len(paths)))}) if paths else datasets.Dataset.from_dict({"path": [], "name": [], "index": []})
         self.collates = {self.modality: get_modality(self.modality).collate_fn}
-        plain, key = self._fn, (self.modality, self._effective_preprocess, self.min_frames)
+        plain, key = self.preprocess_item, (self.modality, self._effective_preprocess, self.min_frames)
         norm = self._group_stats(split, paths, names) if self.group_norm and len(ds) else None
         if norm is not None:
             plain, key = _group_normed(plain, norm), (*key, "group_norm")
@@ -380,7 +380,7 @@ class FolderDataModule(MMTEDataModule):
         """``group_norm``: path -> (mean [F], std [F]) of the unaugmented fbanks of all the split's clips in its group."""
         rx = re.compile(self.group_regex)
         groups = [m.group(1) if (m := rx.search(n)) else f"file:{n}" for n in names]
-        stats = group_moments(list(paths), groups, lambda p: self._fn(p).double().numpy())
+        stats = group_moments(list(paths), groups, lambda p: self.preprocess_item(p).double().numpy())
         out = {p: (torch.from_numpy(m).float(), torch.from_numpy(s).float()) for p, (m, s) in stats.items()}
         alone = sum(g.startswith("file:") for g in set(groups))
         logger.info("%s split: each clip standardised per mel bin by its group's statistics (group_norm): %d group(s)%s", split,
