@@ -2,7 +2,8 @@
 :class:`~mmte.training.data.MMTEDataModule`, with mmte's defaults and checks.
 
 Defaults the recipes build on: a progress bar, a CSV logger in ``<default_root_dir>/logs/version_N``
-(config.yaml beside it), :class:`~mmte.training.callbacks.MMTECheckpoint` writing
+(config.yaml beside it; every logger also gets the merged recipe and the best checkpoint's
+path: :mod:`mmte.cli._tracking`), :class:`~mmte.training.callbacks.MMTECheckpoint` writing
 ``<default_root_dir>/checkpoints/last.ckpt`` and ``best.ckpt``, a learning-rate monitor, the
 :class:`~mmte.training.guards.TrainingGuard` (a non-finite loss stops the run; SIGINT/SIGTERM save
 ``last.ckpt`` at the next step boundary and stop), and the data's ``model_info`` (classes, channels,
@@ -28,6 +29,7 @@ from ..training.callbacks import MMTECheckpoint, PredictionWriter
 from ..training.data import MMTEDataModule
 from ..training.guards import TrainingGuard
 from ..training.module import MMTEModule
+from ._tracking import TrackedConfig
 from .checkpoint import (
     apply_checkpoint_hparams,
     check_checkpoint_fits,
@@ -79,6 +81,7 @@ class MMTECLI(LightningCLI):
         # the heads and modalities the recipe names by class path are imported before the parser types the entries
         self._entry_keys = prepare_entry_types(args if isinstance(args, dict) else self._argv)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        kwargs.setdefault("save_config_callback", TrackedConfig)  # config.yaml, and the merged recipe to every logger
         kwargs.setdefault("seed_everything_default", 0)
         kwargs.setdefault("trainer_defaults", {"callbacks": [LearningRateMonitor(logging_interval="step"), TrainingGuard()]})
         pk = dict(kwargs.pop("parser_kwargs", None) or {"description": "mmte: fine-tune multimodal models from recipe files", "env_prefix": "MMTE"})

@@ -1,5 +1,6 @@
 """configs/loggers/*.yaml through mmte fit, each read back with the tracker's own client: hyper-parameters
-(the model's options) and validation metrics are where the tracker keeps them, and nothing needs a network."""
+(the model's options), the merged recipe (trainer, model and data sections after every --config and flag), the
+best checkpoint's path and the validation metrics are where the tracker keeps them, and nothing needs a network."""
 
 from __future__ import annotations
 
@@ -16,6 +17,17 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ["--config", str(ROOT / "recipes" / "quickstart.yaml"), "--config", str(ROOT / "configs" / "data" / "smoke.yaml"),
          "--config", str(ROOT / "configs" / "encoders" / "tiny.yaml"), "--model.lr", "0.002"]
+
+
+def _check_merged(tmp_path: Path, get) -> None:
+    """``get(section, key)``: the tracker's stored value of the merged recipe's ``section.key`` (``("", key)``: a
+    top-level key). The recipe says 6 epochs, smoke.yaml 1: the merged value is 1; the flags are there too."""
+    assert int(get("trainer", "max_epochs")) == 1
+    assert get("trainer", "default_root_dir") == str(tmp_path / "run")
+    assert float(get("model", "lr")) == 0.002
+    assert get("data", "class_path") == "mmte.training.data.ArrayDataModule"
+    best = Path(get("", "best_checkpoint"))
+    assert best.parent == tmp_path / "run" / "checkpoints" and best.is_file(), best
 
 
 def _fit(tmp_path: Path, fragment: str, *flags: str) -> None:
@@ -36,6 +48,26 @@ def test_tensorboard_fragment(tmp_path):
     assert {"val_acc", "val_loss"} <= set(events.Tags()["scalars"])
     assert 0.0 <= events.Scalars("val_acc")[-1].value <= 1.0
     assert yaml.safe_load(Path(version, "hparams.yaml").read_text())["lr"] == 0.002
+    hparams = _tensorboard_hparams(version)
+    _check_merged(tmp_path, lambda section, key: hparams[f"{section}/{key}" if section else key])
+
+
+def _tensorboard_hparams(folder: str) -> dict:
+    """Every hyper-parameter of the HPARAMS plugin's session records in ``folder``'s event files (TensorBoard's reader)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    out = {}
+    for path in glob.glob(os.path.join(folder, "events.out.tfevents.*")):
+        for event in EventFileLoader(path).Load():
+            for value in event.summary.value:
+                if value.metadata.plugin_data.plugin_name != "hparams":
+                    continue
+                data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+                if data.HasField("session_start_info"):
+                    for k, v in data.session_start_info.hparams.items():
+                        out[k] = getattr(v, v.WhichOneof("kind"))
+    return out
 
 
 @pytest.mark.slow
@@ -45,7 +77,9 @@ def test_csv_fragment(tmp_path):
     _fit(tmp_path, "csv", "--trainer.logger.init_args.save_dir", str(tmp_path / "csv"))
     (version,) = glob.glob(str(tmp_path / "csv" / "mmte" / "version_*"))
     assert pd.read_csv(Path(version, "metrics.csv"))["val_acc"].notna().any()
-    assert yaml.safe_load(Path(version, "hparams.yaml").read_text())["lr"] == 0.002
+    hparams = yaml.safe_load(Path(version, "hparams.yaml").read_text())
+    assert hparams["lr"] == 0.002
+    _check_merged(tmp_path, lambda section, key: hparams[section][key] if section else hparams[key])
 
 
 @pytest.mark.slow
@@ -64,6 +98,7 @@ def test_mlflow_fragment(tmp_path):
     assert len(runs) == 1
     run = runs.iloc[0]
     assert float(run["params.lr"]) == 0.002 and 0.0 <= run["metrics.val_acc"] <= 1.0
+    _check_merged(tmp_path, lambda section, key: run[f"params.{section}/{key}" if section else f"params.{key}"])
     client = mlflow.MlflowClient(uri)
     assert {"best", "last"} <= {a.path for a in client.list_artifacts(run["run_id"])}  # the checkpoints, by MMTECheckpoint's names
     assert any(a.path.endswith(".ckpt") for a in client.list_artifacts(run["run_id"], "best"))
@@ -78,6 +113,7 @@ def test_wandb_offline_fragment(tmp_path):
     config = {k: v for r in records if r[0] == "config" for k, v in r[1].items()}
     history = [r[1] for r in records if r[0] == "history"]
     assert config["lr"] == 0.002
+    _check_merged(tmp_path, lambda section, key: config[section][key] if section else config[key])
     assert any(0.0 <= h.get("val_acc", -1) <= 1.0 for h in history), history
 
 
