@@ -337,7 +337,7 @@ def test_command_line_trainer_precision_wins_over_the_recipe():
     """A recipe's ``precision: auto`` must not override ``--trainer.precision`` given on the command line."""
     from jsonargparse import Namespace
 
-    from mmte.cli.fit import resolve_precision
+    from mmte.cli.checks import resolve_precision
     from mmte.errors import UsageError
 
     def cfg(trainer_precision):
@@ -431,7 +431,7 @@ def test_explicit_precision_decides_the_inference_dtype():
     explicit ``--model.predict_dtype`` or a recipe's precision leaves it alone."""
     from jsonargparse import Namespace
 
-    from mmte.cli.fit import resolve_predict_dtype
+    from mmte.cli.checks import resolve_predict_dtype
 
     def cfg(precision, predict_dtype="auto"):
         return Namespace(precision=None, model=Namespace(predict_dtype=predict_dtype),

@@ -17,7 +17,7 @@
     mmte serve    --config recipes/quickstart.yaml --ckpt_path best [--port 8000]            # HTTP endpoint
     mmte fit      --config recipes/quickstart.yaml --precision auto          # bf16 where the CPU has it
 
-One module per verb: :mod:`~mmte.cli.fit` (fit, validate, test, predict through :class:`~mmte.cli.app.MMTECLI`),
+One module per verb: :mod:`~mmte.cli.fit` (fit, validate, test, predict through :class:`~mmte.cli.app.MMTECLI`, after the recipe checks of :mod:`~mmte.cli.checks`),
 :mod:`~mmte.cli.listing` (list, modalities), :mod:`~mmte.cli.convert`, :mod:`~mmte.cli.export`,
 :mod:`~mmte.cli.env`, :mod:`~mmte.cli.tune`, :mod:`~mmte.cli.serve`. ``--ckpt_path best`` / ``last`` name ``<checkpoint folder>/{best,last}.ckpt`` in every
 verb that takes a checkpoint (:mod:`~mmte.cli.checkpoint`). Lightning is imported only by the verbs that need it.
@@ -36,11 +36,12 @@ import sys
 
 from ..errors import UnknownNameError
 from .checkpoint import CKPT_OVERRIDABLE, single_process_checkpoint
+from .checks import LIGHTNING_COMMANDS, check_config_files
 from .convert import convert_main
 from .env import env_main, env_report
 from .errors import describe_error
 from .export import export_main
-from .fit import LIGHTNING_COMMANDS, check_config_files, run_lightning
+from .fit import run_lightning
 from .listing import LIST_SECTIONS, list_entries, list_main, modalities_main, modalities_table
 from .serve import serve_main
 from .tune import tune_main

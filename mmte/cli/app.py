@@ -38,8 +38,7 @@ from .checkpoint import (
     resolve_ckpt_path,
     single_process_checkpoint,
 )
-from .errors import argparse_usage_error
-from .fit import (
+from .checks import (
     LIGHTNING_COMMANDS,
     check_strategy,
     check_trainer_options,
@@ -50,6 +49,7 @@ from .fit import (
     resolve_predict_dtype,
     warn_untrained,
 )
+from .errors import argparse_usage_error
 
 __all__ = ["MMTECLI"]
 

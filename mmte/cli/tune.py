@@ -87,7 +87,7 @@ def _options(argv: Sequence[str]):
         raise UsageError(f"--tune.metric {ns.metric} is not a validation metric", "expected a val_* metric (val_acc, val_loss...)",
                          "tune on validation; the test split is read once, by mmte test")
     configs = [base[i + 1] for i, a in enumerate(base[:-1]) if a in ("--config", "-c")] + [a.split("=", 1)[1] for a in base if a.startswith("--config=")]
-    from .fit import check_config_files
+    from .checks import check_config_files
 
     check_config_files(base)
     out = ns.out or os.path.join("runs", "tune", os.path.splitext(os.path.basename(configs[0]))[0])
