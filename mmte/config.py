@@ -262,8 +262,8 @@ def check_head_entry(key: str, entry: Mapping[str, Any]) -> None:
     options = {k: v for k, v in cfg.items() if k not in HEAD_ENTRY_KEYS}
     if cls.multi_input:
         options.pop("modalities", None)  # filled from inputs by the model
-    if cls.task == "forecasting" and options.get("num_patches") == "auto":
-        options.pop("num_patches")  # computed from the data (mmte.training.model_spec)
+    if cls.task == "forecasting" and options.get("num_patches") in ("auto", "mean"):
+        options.pop("num_patches")  # computed from the data, or the mean-pool head (mmte.training.model_spec)
     allowed = [f.name for f in dataclasses.fields(head_config(name)) if f.name not in HEAD_ENTRY_KEYS]
     _check_options(f"model.heads.{key} ({name})", cls, options, allowed)
 
@@ -287,7 +287,7 @@ def check_tokenizer_entry(key: str, entry: str | Mapping[str, Any]) -> None:
 # ------------------------------------------------------------------------- the parser's entry types
 #: values an option takes besides its class's annotation, because the data fills them in later
 #: (:func:`mmte.training.model_spec.apply_data_info`)
-DATA_FILLED = {"num_patches": Literal["auto"]}
+DATA_FILLED = {"num_patches": Literal["auto", "mean"]}
 
 #: a registry name or class path (``image``, ``pkg.mod.Class``, ``pkg.mod:Class``): a tokenizer entry's short form
 RegistryName = restricted_string_type("RegistryName", r"^[A-Za-z_][\w.:]*$")

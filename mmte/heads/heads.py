@@ -139,8 +139,9 @@ class ForecastingHead(Head):
     Args:
         dim: hidden width.
         horizon: steps to forecast.
-        num_patches: patches per channel ``P`` (the flatten head's input is ``P*D``); None: mean-pool
-            the patches instead (any input length).
+        num_patches: patches per channel ``P`` (the flatten head's input is ``P*D``); None: mean-pool the
+            patches instead (any input length). A recipe writes ``num_patches: mean`` for that; ``auto`` or
+            leaving it out computes ``P`` from the data.
         dropout: dropout before the projection.
         loss_type: ``"mse"`` or ``"l1"``.
     """

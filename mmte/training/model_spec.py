@@ -128,8 +128,11 @@ def apply_data_info(tokenizers: Mapping[str, Any], heads: Mapping[str, Any], inf
             fill(h, "out_dim", info.get("out_dim"), f"model.heads.{name}")
         elif kind == "forecasting":
             fill(h, "horizon", info.get("horizon"), f"model.heads.{name}")
-            # num_patches: "auto" / absent -> computed from the input length (None: mean-pool head)
-            if h.get("num_patches", "auto") == "auto":
+            # num_patches: "auto" / absent -> computed from the input length; "mean": the mean-pool head (a recipe's
+            # null reads as "not set" in the typed entry, so the mean-pool head has its own word)
+            if h.get("num_patches") == "mean":
+                h.pop("num_patches")
+            elif h.get("num_patches", "auto") == "auto":
                 if info.get("input_len"):
                     h["num_patches"] = _num_patches(toks, h, int(info["input_len"]))
                 else:

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from mmte.encoders import Backbone
+from mmte.model import MetaTransformer
 from mmte.training.module import MMTEModule, RecallAtOne, apply_data_info
 from mmte.training.optim import adamw_warmup_cosine, warmup_cosine
 
@@ -41,6 +42,19 @@ def test_apply_data_info_fills_and_checks():
         apply_data_info({"x": "image"}, {"c": {"name": "classification", "num_classes": 5}}, {"num_classes": 3})
     with pytest.raises(ValueError, match="provides modality 'audio'"):
         apply_data_info({"x": "image"}, {}, {"tokenizers": {"audio": {}}})
+
+
+def test_forecast_head_mean_pool_has_its_own_word():
+    """``num_patches: mean`` builds the mean-pool forecasting head (no num_patches); a typed entry reads a
+    recipe's null as "not set", which computes the patch count from the data like ``auto``."""
+    toks = {"ts": {"name": "time_series", "patch_len": 16, "stride": 8}}
+    info = {"horizon": 24, "input_len": 96}
+    _, heads = apply_data_info(toks, {"f": {"name": "forecasting", "num_patches": "mean"}}, info)
+    assert "num_patches" not in heads["f"]
+    head = MetaTransformer({"ts": {"name": "time_series", "patch_len": 16, "stride": 8, "num_channels": 2}}, "tiny", heads).heads["f"]
+    assert head.num_patches is None
+    _, heads = apply_data_info(toks, {"f": {"name": "forecasting"}}, info)
+    assert heads["f"]["num_patches"] == 12
 
 
 def test_bad_model_description_fails_at_construction():
