@@ -1,5 +1,8 @@
-"""The `mmte` command: modalities table, convert, one-line errors before training with nothing left
-behind, predict output, and resume after SIGKILL ending with the same metrics as an uninterrupted run."""
+"""The `mmte` command: modalities table, convert, a one-line error with nothing left behind (also when it
+comes once the trainer runs), predict output, and resume after SIGKILL ending with the same metrics as an
+uninterrupted run. Bad data files and folders are refused by the DataModules (``tests/training``), an unknown
+modality by the model (``tests/training/test_module.py``); ``tests/test_errors.py`` runs a row of each class
+through the command."""
 
 from __future__ import annotations
 
@@ -21,13 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 QUICK = ROOT / "recipes" / "quickstart.yaml"
 TINY = ROOT / "configs" / "encoders" / "tiny.yaml"
 FAST = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
-
-
-@pytest.fixture(scope="module")
-def fsdd() -> Path:
-    from tests.conftest import need_data
-
-    return need_data(ROOT / ".." / "shared" / "data" / "fsdd" / "recordings", "FSDD recordings")
 
 
 def test_help_lists_commands(capsys):
@@ -110,37 +106,6 @@ def _bad(capsys, args, root: Path, needle: str):
     errors = [ln for ln in err if ln.startswith("mmte: error:")]
     assert len(errors) == 1 and needle in errors[0], err[-5:]
     assert not root.exists(), f"{root} was written: {list(root.rglob('*'))}"
-
-
-def test_unknown_modality_one_line(tmp_path, capsys):
-    _bad(capsys, ["fit", "--config", str(QUICK), "--config", str(TINY), "--model.tokenizers", "{image: {name: sonar}}"],
-         tmp_path / "r", "unknown modality 'sonar'")
-
-
-def test_missing_data_dir_one_line(tmp_path, capsys):
-    _bad(capsys, ["fit", "--config", str(ROOT / "recipes" / "fsdd_audio.yaml"), "--config", str(TINY),
-                  "--data.init_args.data_dir", str(tmp_path / "nowhere")], tmp_path / "r", "nowhere' is not a folder")
-
-
-def test_corrupt_wav_one_line_or_skipped(tmp_path, capsys, fsdd):
-    d = tmp_path / "wavs"
-    d.mkdir()
-    for p in sorted(fsdd.glob("[01]_jackson_[0-9].wav")):
-        (d / p.name).symlink_to(p)
-    (d / "1_jackson_9.wav").unlink()
-    (d / "1_jackson_9.wav").write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt garbage")
-    args = ["fit", "--config", str(ROOT / "recipes" / "fsdd_audio.yaml"), "--config", str(TINY), "--data.init_args.data_dir", str(d)]
-    _bad(capsys, args, tmp_path / "r", "corrupt audio file")
-    rc = main([*args, "--data.init_args.on_corrupt", "skip", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1",
-               "--trainer.default_root_dir", str(tmp_path / "ok"), *FAST])
-    assert rc == 0 and (tmp_path / "ok" / "checkpoints" / "last.ckpt").is_file()
-
-
-def test_csv_missing_column_one_line(tmp_path, capsys):
-    p = tmp_path / "t.csv"
-    p.write_text("alcohol,ash,cultivar\n13.2,2.1,a\n12.1,2.4,b\n")
-    _bad(capsys, ["fit", "--config", str(ROOT / "recipes" / "tabular_wine.yaml"), "--data.init_args.path", str(p),
-                  "--data.init_args.label_column", "target"], tmp_path / "r", "lacks column(s) ['target']")
 
 
 def test_failure_after_start_leaves_nothing(tmp_path, capsys):

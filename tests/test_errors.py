@@ -144,6 +144,8 @@ ROWS: dict[str, tuple[list[str], int, str]] = {
     "wav_nan_sample": _row(["fit", *FSDD, "--data.init_args.data_dir", "{fx}/wavs", "--data.init_args.val_regex", "_[01]\\.wav$"], 2,
                        "audio file {fx}/wavs/1_x_9.wav has a non-finite sample (nan) at index 1234 of 4000 (1 in all), expected finite "
                        "samples, replace or drop the file, or set on_corrupt: skip to drop such files"),
+    "data_dir_missing": _row(["fit", *FSDD, "--data.init_args.data_dir", "{fx}/nowhere"], 2,
+                         "data_dir '{fx}/nowhere' is not a folder, a file or a glob that matches files; give an existing folder, file or glob"),
     "malformed_safetensors": _row(["fit", *QUICK, "--model.backbone_weights", "{fx}/bad.safetensors"], 2,
                               "weights file {fx}/bad.safetensors is malformed or truncated (SafetensorError: Error while deserializing header: "
                               "invalid header length), expected a complete safetensors file of tensors, replace it (e.g. write it again with "

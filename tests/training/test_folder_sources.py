@@ -281,3 +281,24 @@ def test_group_norm_with_augmentation_uses_the_unaugmented_statistics(wavs):
     d = b - a
     assert not torch.allclose(d, torch.zeros_like(d), atol=1e-3)
     torch.testing.assert_close(d, d[0:1].expand_as(d), rtol=0, atol=2e-3)  # the same per-bin shift in every frame
+
+
+def test_missing_data_dir_and_corrupt_files_are_refused_by_name(wavs, tmp_path, caplog):
+    """A data_dir that is not a folder, and an unreadable WAV (refused before training, or dropped with one
+    warning under ``on_corrupt: skip``)."""
+    with pytest.raises(FileNotFoundError, match=r"^data_dir '.*nowhere' is not a folder, a file or a glob that matches files; give an existing folder, file or glob$"):
+        _dm(tmp_path / "nowhere").setup("fit")
+    d = tmp_path / "some"
+    d.mkdir()
+    for p in sorted(wavs.glob("[01]_*_0.wav")):
+        (d / p.name).symlink_to(p)
+    bad = d / "1_bob_9.wav"
+    bad.write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt garbage")
+    with pytest.raises(ValueError, match=rf"^corrupt audio file {str(bad)!r}: .* \(set on_corrupt: skip to drop such files\)$"):
+        _dm(d, val_fraction=0.0).setup("fit")
+    dm = _dm(d, val_fraction=0.0, on_corrupt="skip")
+    with caplog.at_level(logging.WARNING):
+        dm.setup("fit")
+    assert len(dm.datasets["train"]) == 6
+    assert f"skipped 1 unreadable audio file(s) of 7 (first: {bad})" in caplog.text
+    assert next(iter(dm.train_dataloader()))["label"].shape == (4,)

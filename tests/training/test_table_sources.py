@@ -178,3 +178,10 @@ def test_huge_and_infinite_numbers_are_named(tmp_path):
     pd.DataFrame({"x": [1.0, 2.0, np.inf, 4.0], "y": ["a", "b", "a", "b"]}).to_parquet(pq)
     with pytest.raises(ValueError, match=r"^inf\.parquet row 2, column 'x': inf is not a finite number; fix it or set bad_value: missing$"):
         TableDataModule(str(pq), label_column="y", numeric=["x"], val_fraction=0.0)
+
+
+def test_a_missing_label_column_is_named(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("alcohol,ash,cultivar\n13.2,2.1,a\n12.1,2.4,b\n")
+    with pytest.raises(ValueError, match=r"lacks column\(s\) \['target'\]; it has \['alcohol', 'ash', 'cultivar'\]"):
+        TableDataModule(str(p), label_column="target")
