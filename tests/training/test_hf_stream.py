@@ -14,10 +14,11 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import yaml
+
+from tests.training.hf_fixtures import table_config, write_table_shards
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS, SHARDS = 256, 4
@@ -56,35 +57,9 @@ HELPER = textwrap.dedent(
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
     """``ROWS`` rows in ``SHARDS`` equal parquet shards (id, four numbers, a category, a ClassLabel label) and a validation file."""
-    import datasets
-
-    d = tmp_path_factory.mktemp("stream")
-    rng = np.random.default_rng(0)
-    n = ROWS + 64
-    x = rng.normal(size=(n, 4)).astype(np.float32)
-    label = (x[:, 0] + 0.5 * x[:, 1] > 0).astype(int) + (x[:, 2] > 1).astype(int)
-    feats = datasets.Features({"id": datasets.Value("int64"), **{f"f{j}": datasets.Value("float32") for j in range(4)},
-                               "cat": datasets.Value("string"), "label": datasets.ClassLabel(names=["low", "mid", "high"])})
-    table = {"id": list(range(n)), **{f"f{j}": x[:, j].tolist() for j in range(4)}, "cat": [f"c{k % 3}" for k in range(n)], "label": label.tolist()}
-    ds = datasets.Dataset.from_dict(table, features=feats)
-    per = ROWS // SHARDS
-    for s in range(SHARDS):
-        ds.select(range(s * per, (s + 1) * per)).to_parquet(str(d / f"train-{s}.parquet"))
-    ds.select(range(ROWS, n)).to_parquet(str(d / "validation.parquet"))
+    d = write_table_shards(tmp_path_factory.mktemp("stream"), ROWS, SHARDS)
     (d / "helper.py").write_text(HELPER)
-    cfg = {
-        "seed_everything": 0,
-        "precision": "32-true",
-        "trainer": {"max_epochs": 2, "devices": 1, "num_sanity_val_steps": 0, "enable_progress_bar": False, "enable_model_summary": False,
-                    "log_every_n_steps": 1, "limit_val_batches": 2},
-        "model": {"tokenizers": {"tabular": {"name": "tabular"}}, "backbone": "tiny", "backbone_weights": None, "freeze": "none",
-                  "heads": {"label": {"name": "classification", "pool": "cls", "hidden": 32, "dropout": 0.3}}, "lr": 1.0e-3},
-        "data": {"class_path": "mmte.training.data.HFDataModule",
-                 "init_args": {"path": "parquet", "data_files": {"train": str(d / "train-*.parquet"), "validation": str(d / "validation.parquet")},
-                               "columns": {"tabular": ["f0", "f1", "f2", "f3", "cat"]}, "label_column": "label", "id_column": "id",
-                               "streaming": True, "shuffle_buffer": 32, "batch_size": 16, "seed": 0}},
-    }
-    (d / "stream.yaml").write_text(yaml.safe_dump(cfg))
+    (d / "stream.yaml").write_text(yaml.safe_dump(table_config(d, streaming=True)))
     return d
 
 
