@@ -1,0 +1,170 @@
+"""A small HTTP client for ``mmte serve``: request bodies, concurrent load, and the server's memory.
+
+Used by the serving tests and ``bench/serve.py`` (loopback only): :func:`multipart` builds a file
+upload as ``curl -F`` sends it, :func:`run_load` sends a list of requests from ``concurrency``
+threads (one keep-alive connection each, a time limit for the whole run) and records each answer's
+status, body and latency, :func:`rss_mb` reads the resident memory of a server's process tree from
+``/proc``. Standard library only, so a load run adds no dependency.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Answer", "Job", "get", "multipart", "post", "rss_mb", "run_load", "wait_healthy"]
+
+
+@dataclass
+class Job:
+    """One request of a load run: a body, its content type and what the caller expects (``tag``: free)."""
+
+    body: bytes
+    content_type: str = "application/json"
+    tag: Any = None
+
+
+@dataclass
+class Answer:
+    """One answer: the HTTP status (or the name of the connection error), the JSON body (None if not JSON), seconds
+    taken and when it was sent (``time.perf_counter()``)."""
+
+    status: int | str
+    body: Any
+    seconds: float
+    sent: float = 0.0
+
+
+def multipart(field: str, filename: str, data: bytes, extra: dict[str, str] | None = None) -> tuple[bytes, str]:
+    """A ``multipart/form-data`` body with one file field (and text fields ``extra``); returns ``(body, content type)``."""
+    boundary = uuid.uuid4().hex
+    parts = []
+    for k, v in (extra or {}).items():
+        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode())
+    parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"; filename="{filename}"\r\n'
+                 f"Content-Type: application/octet-stream\r\n\r\n".encode() + data + b"\r\n")
+    parts.append(f"--{boundary}--\r\n".encode())
+    return b"".join(parts), f"multipart/form-data; boundary={boundary}"
+
+
+def _decode(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+
+
+def _send(conn: http.client.HTTPConnection, method: str, path: str, body: bytes | None, content_type: str | None) -> tuple[int, Any]:
+    headers = {"Content-Type": content_type} if content_type else {}
+    conn.request(method, path, body=body, headers=headers)
+    r = conn.getresponse()
+    return r.status, _decode(r.read())
+
+
+def post(port: int, body: bytes, content_type: str = "application/json", timeout: float = 30.0, path: str = "/predict") -> tuple[int, Any]:
+    """One ``POST`` to ``127.0.0.1:port``; returns ``(status, JSON body)``."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        return _send(conn, "POST", path, body, content_type)
+    finally:
+        conn.close()
+
+
+def get(port: int, path: str, timeout: float = 10.0) -> tuple[int, Any]:
+    """One ``GET`` to ``127.0.0.1:port``; returns ``(status, JSON body)``."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        return _send(conn, "GET", path, None, None)
+    finally:
+        conn.close()
+
+
+def wait_healthy(port: int, proc: Any, timeout: float = 300.0) -> None:
+    """Wait until ``GET /health`` answers 200.
+
+    Raises:
+        RuntimeError: the server process ``proc`` (a ``subprocess.Popen``) exited, or ``timeout`` seconds passed.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"mmte serve exited with status {proc.returncode} before it was healthy")
+        try:
+            if get(port, "/health", timeout=2.0)[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"mmte serve on port {port} was not healthy after {timeout:.0f} s")
+
+
+def run_load(port: int, jobs: Sequence[Job], concurrency: int, time_limit: float = 600.0, timeout: float = 60.0) -> list[Answer | None]:
+    """Send ``jobs`` to ``POST /predict`` from ``concurrency`` threads, each on its own keep-alive connection.
+
+    Job ``i`` goes to thread ``i % concurrency``, in order. A thread stops when ``time_limit`` seconds
+    have passed since the start; the jobs it did not send are None in the result.
+
+    Returns:
+        One :class:`Answer` (or None: not sent) per job, in the jobs' order.
+    """
+    out: list[Answer | None] = [None] * len(jobs)
+    stop_at = time.monotonic() + time_limit
+
+    def worker(start: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        try:
+            for j in range(start, len(jobs), concurrency):
+                if time.monotonic() > stop_at:
+                    return
+                t0 = time.perf_counter()
+                try:
+                    status, body = _send(conn, "POST", "/predict", jobs[j].body, jobs[j].content_type)
+                except (OSError, http.client.HTTPException) as e:
+                    conn.close()
+                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+                    status, body = type(e).__name__, None
+                out[j] = Answer(status, body, time.perf_counter() - t0, t0)
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=worker, args=(s,), daemon=True) for s in range(min(concurrency, len(jobs)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, stop_at - time.monotonic()) + timeout + 5)
+    return out
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                kids += [int(c) for c in fh.read().split()]
+    except OSError:
+        pass
+    return kids
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory (``VmRSS``) of process ``pid`` and all its descendants, in MiB (Linux ``/proc``)."""
+    total, todo, seen = 0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            with open(f"/proc/{p}/status") as fh:
+                total += next((int(line.split()[1]) for line in fh if line.startswith("VmRSS:")), 0)
+        except OSError:
+            continue
+        todo += _children(p)
+    return total / 1024
