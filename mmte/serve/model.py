@@ -55,7 +55,6 @@ class ServedModel:
         if runtime == "onnx" and not onnx_path:
             raise UsageError("--runtime onnx needs the exported graph", "expected --onnx <file.onnx> written by mmte export", "run mmte export first")
         self.module, self.datamodule, self.ckpt_path, self.runtime = module, datamodule, ckpt_path, runtime
-        self.step_context = step_context if runtime != "eager" else None
         self.spec: InputSpec = input_spec(datamodule)
         self.class_names = list(datamodule.class_names) if getattr(datamodule, "class_names", None) else None
         module.eval()
@@ -64,6 +63,9 @@ class ServedModel:
         elif runtime == "onnx":
             object.__setattr__(module, "inference_model", OnnxRunner(onnx_path, module.model))  # what predict_step calls
         self.dtype = "fp32" if runtime != "inference" else _dtype_name(module)
+        # predict's step context (bf16 autocast under bf16-mixed) makes an fp32 copy compute as predict does; a low-precision
+        # copy computes in its own dtype, and its few-row path (fp32 activations on fp16-packed weights) must not be autocast
+        self.step_context = step_context if runtime == "inference" and self.dtype == "fp32" else None
 
     def predict(self, samples: Sequence[Any], ids: Sequence[str], top_k: Sequence[int | None] | int = 0) -> list[dict[str, Any]]:
         """Samples (from :meth:`InputSpec.decode`) -> one prediction row each, batched in one forward."""

@@ -80,6 +80,19 @@ def test_arrays_batched_equal_each_alone_fp32(quick_run):
     _assert_batch_equals_alone(api, payloads, FP32_TOL)
 
 
+def test_the_bf16_inference_copy_answers_one_item_and_batches(quick_run):
+    """A bf16 inference copy (``predict_dtype bf16``) under the recipe's precision: one item alone (its few-row path) and
+    a batch both answer, within BF16_TOL of each other."""
+    from mmte.data.datasets import sklearn_arrays
+
+    _, base = quick_run
+    api = _api([*base, "--model.predict_dtype", "bf16"])
+    assert api.served.dtype == "bf16"
+    x, _, _ = sklearn_arrays("digits")
+    payloads = [lambda i=i: {"image": x[i].tolist(), "top_k": 10, "id": str(i)} for i in range(24)]
+    _assert_batch_equals_alone(api, payloads, BF16_TOL)
+
+
 def test_bf16_answers_equal_mmte_predict_within_tolerance(quick_run):
     """The recipe's own precision (auto: bf16-mixed on a CPU with native bf16): predict's rows, and a batch's
     answers against each request alone, within BF16_TOL."""
