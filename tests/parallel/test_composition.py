@@ -18,18 +18,12 @@ fragment} x {no adapter, LoRA}, run through the real ``mmte fit`` (the CLI class
 Every multi-process test of this file names its runs in :data:`PLANS`; the module fixture ``runs`` starts
 ONE launch per world size (1, 2, 4) over the runs of the tests pytest selected, so the file pays three
 start-ups (imports, process group) rather than one or more per test. The helper that runs a list of
-``mmte fit`` argument lists in one launch is ``tests/parallel/cli_fit.py``.
+``mmte fit`` argument lists in one launch is ``tests/parallel/cli_fit.py``, started by ``_launch.launch``.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import shutil
-import subprocess
-import sys
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +32,8 @@ import pytest
 import torch
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from ._launch import REPO, launch_partial
+
 PARALLEL = {p.stem: p for p in sorted((REPO / "configs" / "parallel").glob("*.yaml"))}
 FP8 = {p.stem: p for p in sorted((REPO / "configs" / "precision").glob("fp8-*.yaml"))}
 PRECISIONS = ["fp32", *FP8]
@@ -60,58 +55,6 @@ def _dims(fragment: str):
 
 def _dp(fragment: str) -> int:
     return _dims(fragment).dp
-
-
-def launch(world: int, runs: dict[str, list[str]], tmp: Path, timeout: int) -> dict:
-    """Run ``cli_fit.py`` over ``runs`` in one launch of ``world`` processes; its JSON results.
-
-    A launch in which a process died of a native abort (no Python error recorded by any run) is started
-    once more from clean run folders, with a warning holding the dead process's stacks: such an abort was
-    seen twice in CI under load (in the gloo/C++ layer, between or after runs) and never reproduced alone.
-    A second abort, or any Python error, fails the test.
-    """
-    results, failure = launch_partial(world, runs, tmp, timeout)
-    assert not failure, failure
-    return results
-
-
-def launch_partial(world: int, runs: dict[str, list[str]], tmp: Path, timeout: int) -> tuple[dict, str]:
-    """As :func:`launch`, but a failed launch is returned, not raised: ``(results of the runs that finished,
-    "" or why the launch failed)``, so that each test of a shared launch reports its own runs."""
-    tmp.mkdir(parents=True, exist_ok=True)
-    spec, out = tmp / f"runs{world}.json", tmp / f"out{world}.json"
-    spec.write_text(json.dumps(runs))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    script = str(REPO / "tests" / "parallel" / "cli_fit.py")
-    if world == 1:
-        cmd = [sys.executable, script, str(out), str(spec)]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world), "--master_port", str(29500 + os.getpid() % 1000 + world),
-               script, str(out), str(spec)]
-    for attempt in (1, 2):
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-        errors = {k: v for f in tmp.glob(f"out{world}.json.error-*") for k, v in json.loads(f.read_text()).items()}
-        if attempt == 1 and proc.returncode != 0 and not errors and _native_abort(proc):
-            warnings.warn(f"launch of {world} process(es) over {sorted(runs)} died of a native abort; started again:\n"
-                          f"{proc.stderr[-4000:]}", stacklevel=2)
-            out.unlink(missing_ok=True)
-            for args in runs.values():
-                if "--trainer.default_root_dir" in args:
-                    shutil.rmtree(args[args.index("--trainer.default_root_dir") + 1], ignore_errors=True)
-            continue
-        break
-    results = json.loads(out.read_text()) if out.exists() else {}
-    if proc.returncode == 0 and out.exists() and not errors:
-        return results, ""
-    return {**results, **errors}, f"launch of {world} process(es) failed (exit {proc.returncode}): {errors}\n{proc.stderr[-6000:]}"
-
-
-def _native_abort(proc: subprocess.CompletedProcess) -> bool:
-    """Whether a launch ended because a process was killed by SIGABRT or SIGSEGV (torchrun reports the
-    rank's exit code as -6 / -11; one process ends with the negative code itself)."""
-    if proc.returncode in (-6, -11):
-        return True
-    return any(f"exitcode  : {code} " in proc.stderr or f"(exitcode: {code})" in proc.stderr for code in (-6, -11))
 
 
 def _worst_gap(losses: list[float], want: list[float]) -> float:

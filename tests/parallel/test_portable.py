@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .test_composition import REPO, launch
+from ._launch import REPO, launch
 
 TP2 = str(REPO / "configs" / "parallel" / "tp2.yaml")
 DDP = str(REPO / "configs" / "parallel" / "ddp.yaml")
