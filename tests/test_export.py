@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from mmte.cli import main
+from mmte.data import collate_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ROOT / "recipes" / "quickstart.yaml"
@@ -33,7 +34,7 @@ def _eager_and_batch(ckpt: Path, n: int):
 
     module, dm = _build_from_recipe(COMMON, str(ckpt), MMTECLI)
     ds = dm.datasets[dm.predict_split]
-    batch = dm._collate([ds[i] for i in range(20, 20 + n)])
+    batch = collate_batch([ds[i] for i in range(20, 20 + n)], dm.collates_for("eval"))
     return module.model.eval(), batch
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mmte.data import collate_batch
 from mmte.inference import SMALL_ROWS, PackedLinear, PackedTransformerLayer, available, pack, small_available, unpack
 from mmte.te import Linear, TransformerLayer
 from tests.te.test_lowp import OpLog
@@ -126,7 +127,7 @@ def test_inference_path_of_the_quickstart_model_prepacks_its_backbone():
     dm.setup("predict")
     model = module.model.eval()
     ds = dm.datasets[dm.predict_split]
-    batch = {k: v for k, v in dm._collate([ds[i] for i in range(6)]).items() if k == "image"}
+    batch = {k: v for k, v in collate_batch([ds[i] for i in range(6)], dm.collates_for("eval")).items() if k == "image"}
     with torch.no_grad():
         ref = model(batch)["digit"]
     dtype = "bf16" if available(BF16) else "fp32"
@@ -250,7 +251,7 @@ def test_quickstart_inference_runs_one_item_on_the_small_row_path():
     inf = optimize(model, "bf16")
     assert inf.model.backbone.small_rows == SMALL_ROWS
     for i in range(3):  # one digit = one image token + cls: 2 rows
-        one = {k: v for k, v in dm._collate([ds[i]]).items() if k == "image"}
+        one = {k: v for k, v in collate_batch([ds[i]], dm.collates_for("eval")).items() if k == "image"}
         with torch.no_grad():
             ref = model(one)["digit"]
         out = inf(one)["digit"]
