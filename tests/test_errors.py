@@ -3,7 +3,7 @@ one-line ``mmte: error: ...`` message, and that no traceback is printed (``MMTE_
 
 Most rows fail before anything trains: they run ``mmte.cli.main`` in-process on a shared folder of small bad
 files. A few run ``python -m mmte`` in a subprocess (the console script's exit status, a read-only folder).
-The README's "Reliability" section counts these rows. Each class of error keeps a row or two here (the exit
+docs/reliability.md ("What is tested") counts these rows. Each class of error keeps a row or two here (the exit
 status and the line through the command); the other bad values of a class are tested where they are refused
 (the DataModule, the tokenizer, the weights and checkpoint loaders: ``tests/training``, ``tests/tokenizers``,
 ``tests/encoders/test_convert.py``, ``tests/cli/test_checkpoint.py``), in milliseconds.
