@@ -88,6 +88,27 @@ def test_stream_reads_shards_and_knows_its_length(shards):
     assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(ROWS)) and epochs[0] != epochs[1]
 
 
+def test_a_stream_never_prepares_the_dataset_map_style(shards, monkeypatch):
+    """Opening, checking and splitting a streamed dataset read it as a stream only: ``load_dataset`` without
+    ``streaming`` would first convert every shard into an Arrow table (the whole dataset's time and memory)."""
+    import datasets
+
+    from mmte.training.data import HFDataModule
+
+    calls, load = [], datasets.load_dataset
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("streaming", False))
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(datasets, "load_dataset", spy)
+    dm = HFDataModule("parquet", data_files={"train": str(shards / "train-*.parquet"), "validation": str(shards / "validation.parquet")},
+                      columns={"tabular": ["f0", "f1", "f2", "f3", "cat"]}, label_column="label", streaming=True, batch_size=16)
+    dm.setup("fit")
+    assert len(dm.datasets["val"]) == 64 and len(dm.train_dataloader()) == ROWS // 16
+    assert calls and all(calls), calls
+
+
 @pytest.mark.slow
 def test_ddp_ranks_read_disjoint_parts_every_row_once_per_epoch(shards, tmp_path):
     root = tmp_path / "ddp"

@@ -247,7 +247,11 @@ class HFDataModule(MMTEDataModule):
         self._init_state()
 
     # ------------------------------------------------------------------------------- opening
-    def _open(self, source: str, streaming: bool = False) -> dict[str, Any]:
+    def _open(self, source: str, streaming: bool | None = None) -> dict[str, Any]:
+        """``source``'s splits; the main dataset is opened as streamed when ``streaming`` is on (None: as the module
+        reads it), so a streamed run never prepares the whole dataset as an Arrow table first."""
+        if streaming is None:
+            streaming = self.streaming and source == self.path
         key = f"{source}|{streaming}"
         if key not in self._opened:
             same = source == self.path
@@ -566,8 +570,8 @@ class HFDataModule(MMTEDataModule):
 
     def _known_rows(self) -> int | None:
         """The training split's rows when the source says so without reading them (saved datasets, parquet metadata)."""
-        if hfs.is_saved_dataset(self.path):
-            return len(self._train_raw())
+        if hfs.is_saved_dataset(self.path):  # memory-mapped as saved: its length costs no read
+            return len(self._named(self._open(self.path, streaming=False), self.train_split, self.path, "train_split"))
         files = self.data_files
         if isinstance(files, Mapping):
             files = files.get(self.train_split)
