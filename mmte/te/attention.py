@@ -121,9 +121,8 @@ class DotProductAttention(nn.Module):
             ``None`` lets PyTorch choose per device (flash / memory-efficient / cuDNN on GPUs, the fused
             CPU kernel on CPUs) — except bf16/fp16 on a CPU with at least 512 query rows (batch x
             heads x tokens), which runs :func:`cpu_lowp_attention` (two batched GEMMs around a
-            softmax): measured on an AVX-512-BF16 CPU at ViT-S shapes (8 x 197 tokens, 6 heads of 64)
-            its forward + backward took 70 ms against 155 ms for the flash kernel in bf16, whose
-            backward is not bf16-optimised there; below 512 rows the fused kernel is faster.
+            softmax), because the CPU flash kernel's backward is not bf16-optimised; below 512 rows the
+            fused kernel is faster (figures: BENCHMARKS.md, docs/experiments/).
 
     Inputs are ``[B, N, H, head_dim]`` (TE's ``bshd``); the output is ``[B, N, H * head_dim]``.
     """
