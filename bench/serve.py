@@ -32,6 +32,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import statistics
@@ -97,7 +98,7 @@ def prepare(name: str, work: Path, fsdd: Path) -> dict:
             _mmte("export", *base, "--ckpt_path", "best", "--format", "onnx", "--out", str(onnx), log=log)
         except SystemExit as e:  # a model mmte export cannot trace: its onnx column stays empty, with the reason
             lines = [ln.strip() for ln in log.read_text().splitlines() if ln.strip().startswith(("File \"", "if ", "raise"))]
-            why = f"{e}; {' '.join(lines[-2:])[:200]}"
+            why = re.sub(r'File "[^"]*/(mmte/[^"]+)", line (\d+), in \w+', r"\1:\2:", " ".join(lines[-2:]))[:200] or str(e)
             print(f"# {name}: no ONNX graph ({why})", flush=True)
     return {"name": name, "base": base, "onnx": str(onnx) if onnx.exists() else None, "onnx_error": why, "jobs": _jobs(name, root, fsdd),
             "log": str(log), "root": root}
@@ -147,7 +148,7 @@ class _FileField:
     def __init__(self, job: Job):
         import io
 
-        data = job.body.split(b"\r\n\r\n", 2)[-1].rsplit(b"\r\n--", 1)[0]
+        data = job.body.split(b"\r\n\r\n", 1)[1].rsplit(b"\r\n--", 1)[0]
         self.filename, self.file = job.tag, io.BytesIO(data)
 
     def read(self) -> bytes:
@@ -296,6 +297,12 @@ def doc(results: dict) -> str:
                      f"one item through the inference copy: {r['floor_ms']:.2f} ms)\n")
         if r.get("onnx_error"):
             lines.append(f"No onnxruntime column: `mmte export` cannot trace this model ({r['onnx_error']}).\n")
+        one, many = r["cells"]["inference/1"], r["cells"]["inference/32"]
+        targets = [f"concurrency 1: p50 {one['p50_ms'] - r['floor_ms']:+.1f} ms over the floor (target <= 2)"]
+        for rt, want in (("eager", 1.5), ("onnx", 1.0)):
+            if f"{rt}/32" in r["cells"]:
+                targets.append(f"concurrency 32: {many['throughput'] / r['cells'][f'{rt}/32']['throughput']:.2f}x {rt} (target >= {want})")
+        lines.append("Against the targets: " + "; ".join(targets) + ".\n")
         lines.append(_doc.md_table(["concurrency", "req/s inference", "req/s eager fp32", "req/s onnxruntime", "inference vs eager / onnx",
                                     "p50 / p99 ms inference", "p50 / p99 ms eager", "p50 / p99 ms onnx"], rows, ["r"] * 8))
         lines.append("")
