@@ -11,10 +11,22 @@ For each recipe, a study made by the command written at the top of ``recipes/tun
   studies' ``trials.csv``: per recipe the budget, the space, the best validation value, the test figure,
   the baselines and the figure of the earlier, test-selected recipe.
 
+A study's per-trial budget (fewer windows, fewer epochs) is its compute limit, not a chosen setting, so
+each recipe then trains at full length twice, A with the earlier recipe's values and B with the study's
+(``mmte fit --trainer.default_root_dir <run>``), and the shipped recipe is the one of the two with the
+better validation value; its test split is read once:
+
+* ``--compare RECIPE RUN_A RUN_B``: each run's searched values (its ``logs/version_0/config.yaml``) and
+  its best validation value (its ``logs/version_0/metrics.csv``), stored with the winner on validation.
+* ``--test-shipped RECIPE``: after the recipe file holds the winner's values (checked), ``mmte test
+  --config recipes/<recipe>.yaml --ckpt_path best`` on the winner's run, once.
+
 ::
 
     python bench/recipe_selection.py --test etth1_forecast diamonds_tabular   # the one test figure each
-    python bench/recipe_selection.py --update-doc                              # the table, from what is stored
+    python bench/recipe_selection.py --compare etth1_forecast /tmp/e3/etth1_A /tmp/e3/etth1_B
+    python bench/recipe_selection.py --test-shipped etth1_forecast
+    python bench/recipe_selection.py --update-doc                              # the tables, from what is stored
 """
 
 from __future__ import annotations
@@ -25,6 +37,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -73,6 +87,58 @@ def study_summary(name: str) -> dict:
             "best_params": {k[len("params_"):]: v for k, v in best.items() if k.startswith("params_")}}
 
 
+def searched_names(name: str) -> list[str]:
+    """The dotted settings the recipe's search space covers (``model.lr``, ...)."""
+    return list(yaml.safe_load(space_file(name).read_text()))
+
+
+def dotted(config: dict, key: str):
+    """``config``'s value at a dotted ``key`` (``model.backbone.hidden_dropout``)."""
+    for part in key.split("."):
+        config = config[part]
+    return config
+
+
+def best_validation(name: str, run: Path) -> dict:
+    """One full-length run: its searched values, its best validation value and where it was logged."""
+    log = run / "logs" / "version_0"
+    config = yaml.safe_load((log / "config.yaml").read_text())
+    metric = RECIPES[name]["metric"]
+    values = [float(r[metric]) for r in csv.DictReader((log / "metrics.csv").read_text().splitlines()) if r.get(metric)]
+    if not values:
+        raise SystemExit(f"{run}: no {metric} in {log / 'metrics.csv'}; expected a finished mmte fit of recipes/{name}.yaml")
+    best = (min if metric.endswith(("mse", "loss", "mae")) else max)(values)
+    return {"run": str(run), "params": {k: dotted(config, k) for k in searched_names(name)}, "best_val": best,
+            "validations": len(values), "max_epochs": dotted(config, "trainer.max_epochs")}
+
+
+def compare(name: str, run_a: Path, run_b: Path) -> dict:
+    """A (the earlier recipe's values) against B (the study's), both at full length, on validation only."""
+    runs = {"A": best_validation(name, run_a), "B": best_validation(name, run_b)}
+    pick = min if RECIPES[name]["metric"].endswith(("mse", "loss", "mae")) else max
+    return {"runs": runs, "winner": pick(runs, key=lambda k: runs[k]["best_val"])}
+
+
+def test_shipped(name: str, full: dict) -> dict:
+    """``mmte test --config recipes/<name>.yaml --ckpt_path best`` on the validation winner's run, in this process."""
+    from mmte.cli import MMTECLI
+
+    spec, winner = RECIPES[name], full["runs"][full["winner"]]
+    recipe = ROOT / "recipes" / f"{name}.yaml"
+    shipped = {k: dotted(yaml.safe_load(recipe.read_text()), k) for k in winner["params"]}
+    if any(float(shipped[k]) != float(v) for k, v in winner["params"].items()):
+        raise SystemExit(f"{recipe}: holds {shipped}; expected the validation winner's values {winner['params']}")
+    t0 = time.time()
+    argv, sys.argv = sys.argv, sys.argv[:1]
+    try:
+        cli = MMTECLI(args=["test", "--config", str(recipe), *spec["test_flags"], "--trainer.default_root_dir", winner["run"],
+                            "--ckpt_path", "best", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false"])
+    finally:
+        sys.argv = argv
+    return {"test": float(cli.trainer.callback_metrics[spec["test_metric"]]), "checkpoint": str(cli.trainer.ckpt_path),
+            "test_s": round(time.time() - t0), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": _doc.machine_line()}
+
+
 def baselines(name: str, dm) -> dict:
     """The simple baselines of bench/generalisation.py on the data module's test rows."""
     from bench import generalisation as g
@@ -117,14 +183,57 @@ def table(results: dict) -> str:
                           "earlier test-selected recipe"], rows)
 
 
+def full_table(results: dict) -> str:
+    """The full-length A/B comparison on validation and the shipped recipe's one test figure."""
+    rows = []
+    for name, r in results.items():
+        full, spec = r.get("full_length"), RECIPES[name]
+        if not full:
+            continue
+        cells = []
+        for label in ("A", "B"):
+            run = full["runs"][label]
+            params = ", ".join(f"{k.removeprefix('model.')} {float(v):.3g}" for k, v in run["params"].items())
+            cells.append(f"{params}: {spec['metric']} {run['best_val']:.4f} (best of {run['validations']} validations)")
+        test = f"{spec['test_metric']} **{full['test']:.4f}**" if "test" in full else "not read yet"
+        rows.append([f"`recipes/{name}.yaml`", full.get("length", ""), *cells, full["winner"], test,
+                     ", ".join(f"{k} {v:.4f}" for k, v in r["baselines"].items())])
+    return _doc.md_table(["recipe", "full length (both runs)", "A: earlier recipe's values", "B: mmte tune's values",
+                          "shipped (better validation)", "shipped, test read once", "baselines (same test rows)"], rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--test", nargs="+", choices=sorted(RECIPES), default=[], help="run mmte test once on these recipes' best trials")
     p.add_argument("--budget", nargs=2, action="append", default=[], metavar=("RECIPE", "TEXT"),
                    help="the per-trial budget of a recipe's study, as said in the table (e.g. '1 epoch per trial')")
+    p.add_argument("--compare", nargs=3, metavar=("RECIPE", "RUN_A", "RUN_B"),
+                   help="store the best validation value of two full-length runs (A: earlier values, B: the study's) and the winner")
+    p.add_argument("--length", nargs=2, action="append", default=[], metavar=("RECIPE", "TEXT"),
+                   help="the training length both full-length runs had, as said in the table")
+    p.add_argument("--test-shipped", choices=sorted(RECIPES), help="run mmte test once on the shipped recipe (the validation winner's run)")
     _doc.add_argument(p, "recipe-selection")
     args = p.parse_args(argv)
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    if args.compare:
+        name, run_a, run_b = args.compare
+        if "test" in results[name].get("full_length", {}):
+            raise SystemExit(f"{name}: the shipped recipe's test split was read already; the comparison stays as stored in {RESULTS}")
+        results[name]["full_length"] = compare(name, Path(run_a), Path(run_b))
+        print(json.dumps({name: results[name]["full_length"]}), flush=True)
+        RESULTS.write_text(json.dumps(results, indent=1))
+    for name, text in args.length:
+        results[name]["full_length"]["length"] = text
+        RESULTS.write_text(json.dumps(results, indent=1))
+    if args.test_shipped:
+        full = results[args.test_shipped].get("full_length")
+        if not full:
+            raise SystemExit(f"{args.test_shipped}: no full-length comparison stored; expected --compare first")
+        if "test" in full:
+            raise SystemExit(f"{args.test_shipped}: the shipped recipe's test split was read already ({full['date']}); the figure is in {RESULTS}")
+        full.update(test_shipped(args.test_shipped, full))
+        print(json.dumps({args.test_shipped: full}), flush=True)
+        RESULTS.write_text(json.dumps(results, indent=1))
     for name in args.test:
         if name in results:
             raise SystemExit(f"{name}: its test split was read already ({results[name]['date']}); the figure is in {RESULTS}")
@@ -135,20 +244,35 @@ def main(argv: list[str] | None = None) -> int:
     for name, text in args.budget:
         results[name]["budget"] = text
         RESULTS.write_text(json.dumps(results, indent=1))
-    print(table(results))
+    full = full_table(results)
+    print(table(results) + "\n\n" + full)
     if args.update_doc:
-        machine = "Machine (each test run's): " + "; ".join(f"{name}: {r['machine'].removeprefix('Machine: ').rstrip('.')}" for name, r in results.items()) + "."
-        worse = [f"{name} ({RECIPES[name]['test_metric']} {r['test']:.4f} against {RECIPES[name]['old']:.4f})" for name, r in results.items()
-                 if (r["test"] > RECIPES[name]["old"]) == RECIPES[name]["metric"].endswith(("mse", "mae", "loss"))]
-        note = ("Each recipe's settings were searched by `mmte tune` on its validation split only (the study's command heads its space "
-                "file), then its test split was read once, by `mmte test` on the best trial's checkpoint. The last column is the recipe as "
-                "it was before, whose settings had been compared on the test split: a reference, not a result. "
-                + (f"Below it: {', '.join(worse)}; the validation-selected recipe is shipped anyway, as it was chosen without the test split. "
-                   if worse else "")
-                + "`recipes/fsdd_speakers.yaml` is not re-selected: one leave-one-speaker-out fit takes about 8 minutes per fold on an idle "
-                "machine (five folds a setting), more than a study on 2 shared cores holds; its comment says how its settings were chosen.")
-        command = "; ".join([*(f"python bench/recipe_selection.py --test {name}" for name in results), "python bench/recipe_selection.py --update-doc"])
-        _doc.update_doc("recipe-selection", table(results) + "\n\n" + note, command, args.update_doc, machine=machine,
+        machines = [f"{name} (study's best trial): {r['machine'].removeprefix('Machine: ').rstrip('.')}" for name, r in results.items()]
+        machines += [f"{name} (shipped recipe): {r['full_length']['machine'].removeprefix('Machine: ').rstrip('.')}"
+                     for name, r in results.items() if "test" in r.get("full_length", {})]
+        machine = "Machine (each test run's): " + "; ".join(machines) + "."
+        note = ("Studies: each recipe's searched settings by `mmte tune` on its validation split only (the study's command heads its "
+                "space file) under the per-trial budget in the table, the budget a compute limit of 2 shared cores and not a chosen "
+                "setting; the test figure there is the best trial's checkpoint, read once. The last column is the recipe as it was "
+                "before, whose settings had been compared on the test split: a reference, not a result.")
+        if full.count("\n") > 1:
+            note += ("\n\nFull length, chosen on validation: each recipe trained at its full length twice, A with the earlier recipe's "
+                     "searched values and B with the study's, compared on the best validation value of each run (the best in its "
+                     "metrics.csv, the value its `best.ckpt` was picked by); the recipe ships the winner's values and that length, and its test split was "
+                     "read once, by `mmte test --config recipes/<recipe>.yaml --ckpt_path best` on the winner's run.")
+        note += ("\n\n`recipes/fsdd_speakers.yaml` is not re-selected: one leave-one-speaker-out fit takes about 8 minutes per fold on "
+                 "an idle machine (five folds a setting), more than a study on 2 shared cores holds; its comment says how its settings "
+                 "were chosen.")
+        commands = [f"python bench/recipe_selection.py --test {name}" for name in results]
+        for name, r in results.items():
+            f = r.get("full_length")
+            if f:
+                commands.append(f"python bench/recipe_selection.py --compare {name} {f['runs']['A']['run']} {f['runs']['B']['run']}")
+                if "test" in f:
+                    commands.append(f"python bench/recipe_selection.py --test-shipped {name}")
+        commands.append("python bench/recipe_selection.py --update-doc")
+        body = "Studies:\n\n" + table(results) + ("\n\nFull length, chosen on validation:\n\n" + full if full.count("\n") > 1 else "")
+        _doc.update_doc("recipe-selection", body + "\n\n" + note, "; ".join(commands), args.update_doc, machine=machine,
                         title="Recipe selection on validation (`bench/recipe_selection.py`)")
     return 0
 
