@@ -92,6 +92,23 @@ def test_fp32_inference_copy_under_bf16_autocast():
     torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.skipif(not __import__("mmte.inference", fromlist=["small_available"]).small_available(), reason="no fbgemm fp16 GEMM here")
+@pytest.mark.parametrize("n", [1, 2])
+def test_bf16_copy_few_rows_under_bf16_autocast(n):
+    """A batch of a few token rows takes the bf16 copy's fp32 small-row path; under bf16 autocast (bf16-mixed
+    prediction of one or two items) it answers as without autocast, instead of handing its fp32 GEMMs bf16
+    activations."""
+    torch.manual_seed(0)
+    model = MetaTransformer({"image": {"name": "image", "img_size": 8, "patch_size": 8, "in_chans": 1}}, backbone="tiny",
+                            heads={"digit": {"name": "classification", "num_classes": 10, "pool": "mean"}}).eval()
+    inf = optimize(model, "bf16")
+    batch = {"image": torch.nn.functional.interpolate(_digits(n)["image"], size=8)}  # one token (+ cls) an item
+    ref = inf(batch)["digit"]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = inf(batch)["digit"]
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
 def test_auto_dtype_and_bad_values(monkeypatch):
     amx = mdev.CPUInfo("AMX box", "AVX512", ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f"), 2, 2)
     monkeypatch.setattr(mdev, "cpu_info", lambda path="/proc/cpuinfo": amx)

@@ -79,6 +79,11 @@ class PackedTransformerLayer(TransformerLayer):
         b, n, d = x.shape
         if d != self.hidden_size:
             return None  # the base forward raises the shape error
+        if small and torch.is_autocast_enabled("cpu"):
+            # the small-row path keeps its activations in fp32 (fp16-packed weights); an autocast region around
+            # the copy (bf16-mixed prediction) would hand its GEMMs bf16 attention outputs
+            with torch.autocast("cpu", enabled=False):
+                return self._flat(x, attention_mask)
         pre = self.layer_norm_position == "pre"
         x = x.reshape(b * n, d)
         h = apply_norm(qkv_m._modules["norm"], x) if pre else x
