@@ -119,9 +119,9 @@ def floor_ms(model: dict, reps: int) -> float:
     """Median ms of the inference copy on one preprocessed item, in this process (no server)."""
     import torch
 
-    from mmte.serve import build_served
+    from mmte.cli.serve import served_model
 
-    served = build_served([*model["base"], "--ckpt_path", "best"])
+    served = served_model([*model["base"], "--ckpt_path", "best"])
     job = model["jobs"][0]
     if model["name"] == "quickstart":
         payload = json.loads(job.body)

@@ -93,7 +93,7 @@ def test_the_plan_reads_as_drawn():
     """The parser sees the doc's picture: a few known places and the unit made of two modules."""
     assert FLOORS["errors"] == 0 and FLOORS["seq"] == 1 and FLOORS["te"] == 2 and FLOORS["data"] == 2
     assert FLOORS["fp8"] == FLOORS["parallel"] == FLOORS["tokenizers"] == 3 and FLOORS["encoders"] == 4
-    assert FLOORS["cli"] == 7 and UNITS["model_stages"] == UNITS["model_parts"] == "model" and FLOORS["model_stages"] == 5
+    assert FLOORS["cli"] == 8 and FLOORS["serve"] == 7 and UNITS["model_stages"] == UNITS["model_parts"] == "model" and FLOORS["model_stages"] == 5
     assert [m for _, m in imported_modules(PKG / "tokenizers" / "base.py")] == ["mmte.seq"]
     assert ("mmte.training.data.base", "mmte.data.datasets") in {(module_name(PKG / "training" / "data" / "base.py"), m)
                                                                 for _, m in imported_modules(PKG / "training" / "data" / "base.py")}

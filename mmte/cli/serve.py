@@ -16,10 +16,12 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+from collections.abc import Sequence
+from typing import Any
 
 from ..errors import UsageError
 
-__all__ = ["serve_main"]
+__all__ = ["predict_setup", "serve_main", "served_model"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -58,6 +60,31 @@ def _check(a: argparse.Namespace) -> None:
         raise UsageError(f"--top_k {a.top_k} / --max_body_mb {a.max_body_mb}", "expected top_k >= 0 and max_body_mb > 0", "use the defaults")
 
 
+def predict_setup(argv: Sequence[str]) -> tuple[Any, Any, str, Any]:
+    """Parse ``argv`` as ``mmte predict`` does and return what ``trainer.predict`` would be called with: the
+    LightningModule, the data module, the resolved checkpoint path and the precision plugin's predict-step
+    context. Nothing is run."""
+    from .app import MMTECLI
+
+    class _PredictSetup(MMTECLI):
+        """MMTECLI whose ``predict`` keeps what ``trainer.predict`` would be called with instead of running it."""
+
+        def predict(self, model: Any, datamodule: Any = None, ckpt_path: str | None = None, **_: Any) -> None:
+            self.served = (model, datamodule, ckpt_path)
+
+    cli = _PredictSetup(args=["predict", *argv, "--trainer.logger", "false"])
+    module, dm, ckpt = cli.served
+    return module, dm, ckpt, cli.trainer.strategy.precision_plugin.predict_step_context
+
+
+def served_model(argv: Sequence[str], runtime: str = "inference", onnx_path: str | None = None) -> Any:
+    """:func:`mmte.serve.build_served` with this CLI's :func:`predict_setup`: the model ``mmte predict <argv>``
+    would predict with, loaded and ready to serve."""
+    from ..serve import build_served
+
+    return build_served(predict_setup, argv, runtime, onnx_path)
+
+
 def serve_main(argv: list[str]) -> int:
     """``mmte serve``: see the module docstring; returns the exit status (143 after SIGTERM, 130 after SIGINT)."""
     a, recipe = _parser().parse_known_args(argv)
@@ -75,11 +102,11 @@ def serve_main(argv: list[str]) -> int:
         from ..training.threads import physical_cores
 
         recipe = [*recipe, "--threads", str(max(1, physical_cores() // a.workers))]  # the cores shared by the workers
-    served = build_served(recipe, a.runtime, a.onnx)  # checked here, once: a bad recipe or checkpoint is one error line
+    served = build_served(predict_setup, recipe, a.runtime, a.onnx)  # checked here, once: a bad recipe or checkpoint is one error line
     info = served.info()
     del served
     gc.collect()
-    api = ServeAPI(functools.partial(build_served, recipe, a.runtime, a.onnx), max_batch_size=a.max_batch_size, batch_timeout=a.batch_timeout,
+    api = ServeAPI(functools.partial(build_served, predict_setup, recipe, a.runtime, a.onnx), max_batch_size=a.max_batch_size, batch_timeout=a.batch_timeout,
                    top_k=a.top_k)
     print(f"mmte serve: http://{a.host}:{a.port}/predict ({', '.join(info['modalities'])} -> {', '.join(info['heads'])}; "
           f"{info['runtime']} {info['dtype']}); GET /health, GET /info; stop with SIGTERM or Ctrl-C", flush=True)

@@ -1,7 +1,8 @@
 """The served model: a recipe and a checkpoint built the way ``mmte predict`` builds them, and the
 function that turns request samples into prediction rows.
 
-:func:`build_served` runs :class:`~mmte.cli.app.MMTECLI` on the same command line as ``mmte predict``
+:func:`build_served` is handed the CLI's predict set-up (:func:`mmte.cli.serve.predict_setup`, which runs
+:class:`~mmte.cli.app.MMTECLI`) and the same command line as ``mmte predict``
 (``--config``, ``--model.*``, ``--data.*``, ``--ckpt_path best|last|<file>``), so everything predict
 checks and resolves is checked and resolved here too: the checkpoint's hyperparameters define the
 model, its saved data state (class map, table schema, fbank statistics) is read into the data module,
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -28,7 +29,11 @@ from ..errors import UsageError
 from .inputs import InputSpec, input_spec
 from .outputs import prediction_rows
 
-__all__ = ["RUNTIMES", "ServedModel", "build_served"]
+__all__ = ["RUNTIMES", "PredictSetup", "ServedModel", "build_served"]
+
+#: what a predict set-up returns: the LightningModule, the data module, the checkpoint path and the precision
+#: plugin's predict-step context (a callable returning a context manager)
+PredictSetup = tuple[Any, Any, str, Callable[[], Any]]
 
 logger = logging.getLogger("mmte")
 
@@ -131,10 +136,13 @@ class OnnxRunner:
         return _unflatten(self.output_names, tuple(torch.from_numpy(o) for o in out))
 
 
-def build_served(argv: Sequence[str], runtime: str = "inference", onnx_path: str | None = None) -> ServedModel:
+def build_served(predict_setup: Callable[[Sequence[str]], PredictSetup], argv: Sequence[str], runtime: str = "inference",
+                 onnx_path: str | None = None) -> ServedModel:
     """Build the model ``mmte predict <argv>`` would predict with, weights loaded, ready to serve.
 
     Args:
+        predict_setup: parses ``argv`` as ``mmte predict`` does and returns what ``trainer.predict`` would be
+            called with (:func:`mmte.cli.serve.predict_setup`; passed in so this package stays below the CLI).
         argv: the recipe's command line as ``mmte predict`` takes it (``--config``, ``--ckpt_path``, ``--model.*``, ``--data.*``).
         runtime: one of :data:`RUNTIMES`.
         onnx_path: the ONNX file for ``runtime="onnx"``.
@@ -142,20 +150,11 @@ def build_served(argv: Sequence[str], runtime: str = "inference", onnx_path: str
     Raises:
         UsageError: no ``--ckpt_path`` (a served model must be trained), or anything ``mmte predict`` refuses.
     """
-    from ..cli.app import MMTECLI
-
-    class _PredictSetup(MMTECLI):
-        """MMTECLI whose ``predict`` keeps what ``trainer.predict`` would be called with instead of running it."""
-
-        def predict(self, model: Any, datamodule: Any = None, ckpt_path: str | None = None, **_: Any) -> None:
-            self.served = (model, datamodule, ckpt_path)
-
     args = list(argv)
     if not any(a == "--ckpt_path" or a.startswith("--ckpt_path=") for a in args):
         raise UsageError("mmte serve needs --ckpt_path", "expected best, last or a checkpoint file written by mmte fit",
                          "add --ckpt_path best (the recipe's best checkpoint)")
-    cli = _PredictSetup(args=["predict", *args, "--trainer.logger", "false"])
-    module, dm, ckpt = cli.served
+    module, dm, ckpt, predict_context = predict_setup(args)
     ck = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
     module.configure_model()
     module.on_load_checkpoint(ck)
@@ -165,5 +164,4 @@ def build_served(argv: Sequence[str], runtime: str = "inference", onnx_path: str
         dm.load_state_dict(ck[name])  # what trainer.predict restores (state_from already read the same)
     del ck
     logger.info("serving %s (%s) with the %s runtime", ckpt, type(module.model).__name__, runtime)
-    plugin = cli.trainer.strategy.precision_plugin
-    return ServedModel(module, dm, ckpt, runtime, onnx_path, plugin.predict_step_context)
+    return ServedModel(module, dm, ckpt, runtime, onnx_path, predict_context)

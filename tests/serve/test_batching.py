@@ -29,9 +29,10 @@ class _Upload:
 
 
 def _api(argv: list[str]):
-    from mmte.serve import ServeAPI, build_served
+    from mmte.cli.serve import served_model
+    from mmte.serve import ServeAPI
 
-    served = build_served([*argv, "--ckpt_path", "best"])
+    served = served_model([*argv, "--ckpt_path", "best"])
     api = ServeAPI(lambda: served, max_batch_size=32)
     api.setup("cpu")
     return api
