@@ -69,7 +69,7 @@ from .state import STATE_FORMAT, read_data_state
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SPLITS", "MMTEDataModule"]
+__all__ = ["SPLITS", "IndexedItems", "MMTEDataModule"]
 
 SPLITS = ("train", "val", "test")
 
@@ -102,6 +102,19 @@ def as_array_input(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
         return fn(value)
 
     return call
+
+
+class IndexedItems(torch.utils.data.Dataset):
+    """A prepared ``datasets.Dataset`` whose items also carry their position in the split (``index``)."""
+
+    def __init__(self, ds: Any):
+        self.ds = ds
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {**self.ds[int(i)], "index": int(i)}
 
 
 class MMTEDataModule(LightningDataModule):

@@ -10,14 +10,14 @@ from functools import partial
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from ...data import collate_batch
 from ...data import datasets as mds
 from ...data import hf_source as hfs
 from ...data.splits import group_split, split_indices
 from ...tokenizers.registry import get_modality
-from .base import SPLITS, MMTEDataModule, preprocess_fn
+from .base import SPLITS, IndexedItems, MMTEDataModule, preprocess_fn
 from .folder import _cropping_collate
 from .hf_stream import StreamedSplit, StreamLoader
 
@@ -26,19 +26,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["HFDataModule"]
 
 _DEFAULT_SPLITS = {"val": ("validation", "valid", "val", "dev"), "test": ("test",)}
-
-
-class _Items(Dataset):
-    """A prepared ``datasets.Dataset`` whose items also carry their position in the split (``index``)."""
-
-    def __init__(self, ds: Any):
-        self.ds = ds
-
-    def __len__(self) -> int:
-        return len(self.ds)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        return {**self.ds[int(i)], "index": int(i)}
 
 
 def _audio_fn(opts: Mapping[str, Any], min_frames: int | None, augment: Any, what: str) -> Callable[[Any], torch.Tensor]:
@@ -538,7 +525,7 @@ class HFDataModule(MMTEDataModule):
                 kw["cache_file_name"] = os.path.join(self.cache_dir, f"mmte-hf-{mds._fingerprint(ds._fingerprint, split, self.preprocess, self.min_frames, self.class_names, self.schema_state)}.arrow")
             prepared = ds.map(fn, batched=True, batch_size=64, num_proc=self.num_proc, remove_columns=ds.column_names, desc=f"mmte preprocess {split}", **kw)
             prepared = prepared.with_format("torch")
-        self.datasets[split] = _Items(prepared)
+        self.datasets[split] = IndexedItems(prepared)
 
     def _build_stream(self) -> None:
         from datasets.distributed import split_dataset_by_node
