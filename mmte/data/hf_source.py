@@ -5,7 +5,9 @@ audio cells without FFmpeg.
 ``datasets`` 4+ decodes an ``Audio`` column with torchcodec, which needs FFmpeg's shared libraries. Where
 torchcodec cannot load, the column is cast to ``Audio(decode=False)`` and each cell's bytes (or path) is
 read with soundfile, as mmte reads audio files (:func:`mmte.data.audio.load_audio`): the same samples,
-so the same fbanks as from the files themselves.
+so the same fbanks as from the files themselves. The ``audiofolder`` builder of ``datasets`` 4+ encodes its
+table with torchcodec too; where that cannot load, :func:`scan_audiofolder` builds the same dataset by
+scanning the folder, its cells holding the files' paths.
 
 Framework-free (no Lightning); :class:`mmte.training.data.HFDataModule` wraps it.
 """
@@ -17,6 +19,7 @@ import io
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,9 +27,12 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BUILDERS", "audio_reader", "class_names_of", "decode_audio", "is_saved_dataset", "load_source", "torchcodec_works"]
+__all__ = ["AUDIO_EXTENSIONS", "BUILDERS", "audio_reader", "class_names_of", "decode_audio", "is_saved_dataset", "load_source", "scan_audiofolder",
+           "torchcodec_works"]
 
 BUILDERS = ("parquet", "arrow", "csv", "json", "audiofolder", "imagefolder", "webdataset")
+AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3")  # what soundfile (libsndfile) reads of the audiofolder builder's list
+_METADATA_FILES = ("metadata.csv", "metadata.jsonl", "metadata.parquet")
 _EXT_BUILDER = {".parquet": "parquet", ".arrow": "arrow", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".tar": "webdataset"}
 
 
@@ -101,6 +107,9 @@ def load_source(
         kw["data_dir"] = data_dir
     try:
         try:
+            if builder == "audiofolder" and not torchcodec_works():
+                logger.info("audiofolder read by mmte's folder scan: torchcodec is not installed or cannot load FFmpeg's libraries")
+                return scan_audiofolder(data_dir, files, streaming=streaming)
             loaded = datasets.load_dataset(builder or p, **kw)
         except datasets.exceptions.DatasetGenerationError as e:
             if "torchcodec" not in repr(e.__cause__):
@@ -126,6 +135,78 @@ def load_source(
     if isinstance(loaded, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         return dict(loaded)
     return {"train": loaded}
+
+
+def scan_audiofolder(data_dir: str | None = None, data_files: str | Sequence[str] | Mapping[str, Any] | None = None,
+                     streaming: bool = False) -> dict[str, Any]:
+    """The dataset ``datasets.load_dataset("audiofolder", ...)`` builds, without torchcodec: ``{split: Dataset}``.
+
+    Files and splits are resolved by ``datasets``' own patterns (``train/``, ``validation/``, ``test/`` top
+    folders or file-name parts; ``data_files`` relative to ``data_dir``). As the builder does by default: with a
+    ``metadata.csv``/``.jsonl``/``.parquet`` its rows are the dataset, its ``file_name`` (``<col>_file_name``)
+    column becoming ``audio`` (``<col>``) paths next to the metadata file; without one, a ``label`` ``ClassLabel``
+    of the parent folders' names is added when the files sit at one depth in more than one folder. Audio columns
+    are ``Audio(decode=False)`` holding paths, which :func:`decode_audio` reads with soundfile.
+
+    Raises:
+        FileNotFoundError: the patterns name no audio file.
+        ValueError: metadata without a ``file_name`` column, one naming a path outside its folder, or mixed formats.
+    """
+    import datasets
+    import pandas as pd
+    from datasets.data_files import DataFilesDict, get_data_patterns, sanitize_patterns
+
+    base = Path(data_dir or "").expanduser().resolve().as_posix()
+    patterns = sanitize_patterns(data_files) if data_files is not None else get_data_patterns(base)
+    resolved = {str(k): [str(f) for f in v] for k, v in DataFilesDict.from_patterns(patterns, base_path=base).items()}
+    audio = {k: [f for f in fs if os.path.splitext(f)[1].lower() in AUDIO_EXTENSIONS] for k, fs in resolved.items()}
+    meta = {k: [f for f in fs if os.path.basename(f) in _METADATA_FILES] for k, fs in resolved.items()}
+    where = data_files if data_files is not None else base
+    if not any(audio.values()) and not any(meta.values()):
+        raise FileNotFoundError(f"audiofolder {where!r} holds no audio file; expected {'/'.join(AUDIO_EXTENSIONS)} files")
+    out: dict[str, Any] = {}
+    if any(meta.values()):
+        kinds = {os.path.splitext(f)[1] for fs in meta.values() for f in fs}
+        if len(kinds) > 1:
+            raise ValueError(f"audiofolder {where!r} has metadata files of different formats {sorted(kinds)}; expected one")
+        for split, files in meta.items():
+            frames, audio_cols = [], set()
+            for f in files:
+                frame = pd.read_csv(f) if f.endswith(".csv") else pd.read_json(f, lines=True) if f.endswith(".jsonl") else pd.read_parquet(f)
+                named = {c: c[: -len("_file_name")] or "audio" for c in map(str, frame.columns) if c == "file_name" or c.endswith("_file_name")}
+                if not named:
+                    raise ValueError(f"metadata file {f!r} has no file_name column; it has {list(frame.columns)}")
+                frame = frame.rename(columns=named)
+                for c in named.values():
+                    frame[c] = [_inside(os.path.dirname(f), v) for v in frame[c]]
+                frames.append(frame)
+                audio_cols.update(named.values())
+            if frames:  # a split without metadata has no rows, as in the builder
+                ds = datasets.Dataset.from_pandas(pd.concat(frames, ignore_index=True), preserve_index=False)
+                for c in sorted(audio_cols):
+                    ds = ds.cast_column(c, datasets.Audio(decode=False))
+                out[split] = ds
+    else:
+        labels = {os.path.basename(os.path.dirname(f)) for fs in audio.values() for f in fs}
+        depths = {f.replace("\\", "/").count("/") for fs in audio.values() for f in fs}
+        add_labels = len(labels) > 1 and len(depths) == 1
+        for split, files in audio.items():
+            cols: dict[str, list[Any]] = {"audio": files}
+            if add_labels:
+                cols["label"] = [os.path.basename(os.path.dirname(f)) for f in files]
+            ds = datasets.Dataset.from_dict(cols).cast_column("audio", datasets.Audio(decode=False))
+            out[split] = ds.cast_column("label", datasets.ClassLabel(names=sorted(labels))) if add_labels else ds
+    if streaming:
+        out = {k: v.to_iterable_dataset() for k, v in out.items()}
+    return out
+
+
+def _inside(folder: str, name: Any) -> str:
+    """``name`` (a metadata file's ``file_name``) as a path in ``folder``; one that leaves it is refused."""
+    rel = os.path.normpath(str(name)).replace("\\", "/")
+    if "://" in str(name) or os.path.isabs(rel) or rel == ".." or rel.startswith("../"):
+        raise ValueError(f"metadata file_name {name!r} must be a relative path inside {folder!r}")
+    return os.path.join(folder, rel)
 
 
 def class_names_of(feature: Any) -> list[str] | None:
