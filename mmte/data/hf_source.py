@@ -184,7 +184,7 @@ def scan_audiofolder(data_dir: str | None = None, data_files: str | Sequence[str
             if frames:  # a split without metadata has no rows, as in the builder
                 ds = datasets.Dataset.from_pandas(pd.concat(frames, ignore_index=True), preserve_index=False)
                 for c in sorted(audio_cols):
-                    ds = ds.cast_column(c, datasets.Audio(decode=False))
+                    ds = ds.cast_column(c, datasets.Value("string")).cast_column(c, datasets.Audio(decode=False))  # pandas' large_string
                 out[split] = ds
     else:
         labels = {os.path.basename(os.path.dirname(f)) for fs in audio.values() for f in fs}

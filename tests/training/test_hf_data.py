@@ -76,7 +76,40 @@ def test_save_to_disk_items_equal_the_folder_path(fsdd):
         assert torch.equal(a["audio"]["fbank"], b["audio"]["fbank"]) and torch.equal(a["audio"]["frames"], b["audio"]["frames"])
 
 
+def _audiofolder_log(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("audiofolder read by")]
+
+
+def test_audiofolder_per_digit_folders_items_equal_the_folder_path(fsdd, tmp_path, caplog):
+    """train/<digit>/ and validation/<digit>/ folders: the split and the label ClassLabel come from the folders
+    (torchcodec or not), and the items equal the folder path's with the same speaker held out."""
+    from mmte.data.hf_source import torchcodec_works
+
+    d = tmp_path / "af"
+    for f in sorted(fsdd["wavs"].glob("*.wav")):
+        digit, spk, _ = f.stem.split("_")
+        (d / ("validation" if spk == "theo" else "train") / digit).mkdir(parents=True, exist_ok=True)
+        shutil.copy(f, d / ("validation" if spk == "theo" else "train") / digit)
+    folder = FolderDataModule(str(fsdd["wavs"]), modality="audio", pattern="*.wav", label_regex=r"^(\d+)_", group_regex=r"^\d+_([a-z]+)_",
+                              val_groups=["theo"], **OPTS)
+    with caplog.at_level("INFO", logger="mmte.data.hf_source"):
+        hf = HFDataModule("audiofolder", data_dir=str(d), columns={"audio": "audio"}, label_column="label", **OPTS)
+    assert len(_audiofolder_log(caplog)) == (0 if torchcodec_works() else 1)
+    for dm in (folder, hf):
+        dm.setup("fit")
+    assert hf.class_names == folder.class_names == list(DIGITS)
+    assert len(hf.datasets["train"]) == len(folder.datasets["train"]) == 24 and len(hf.datasets["val"]) == len(folder.datasets["val"]) == 12
+    for split in ("train", "val"):
+        for a, b in zip(getattr(folder, f"{split}_dataloader")(), getattr(hf, f"{split}_dataloader")()):
+            assert torch.equal(a["label"], b["label"])
+            assert torch.equal(a["audio"]["fbank"], b["audio"]["fbank"]) and torch.equal(a["audio"]["frames"], b["audio"]["frames"])
+
+
 def test_audiofolder_builder_reads_metadata(fsdd, tmp_path):
+    """A metadata.csv's rows are the dataset: its file_name column becomes the audio paths and its other
+    columns join (speaker holds theo out), the items equal the save_to_disk dataset's."""
+    from mmte.data.hf_source import load_source
+
     d = tmp_path / "af"
     shutil.copytree(fsdd["wavs"], d)
     names = sorted(p.name for p in d.glob("*.wav"))
@@ -84,18 +117,20 @@ def test_audiofolder_builder_reads_metadata(fsdd, tmp_path):
         w = csv.writer(fh)
         w.writerow(["file_name", "digit", "speaker"])
         w.writerows([n, n.split("_")[0], n.split("_")[1]] for n in names)
-    kw = {"data_dir": str(d), "columns": {"audio": "audio"}, "label_column": "digit", "group_column": "speaker", "val_groups": ["theo"], **OPTS}
-    from mmte.data.hf_source import torchcodec_works
-
-    if not torchcodec_works():  # datasets prepares an audiofolder's Arrow table with torchcodec (FFmpeg): one line says so
-        with pytest.raises(ValueError, match=r"^path 'audiofolder': the audiofolder builder encodes its audio with torchcodec, which needs FFmpeg"):
-            HFDataModule("audiofolder", **kw)
-        pytest.skip("torchcodec with FFmpeg's libraries is not installed: the audiofolder is read only where it is")
-    dm = HFDataModule("audiofolder", **kw)
-    dm.setup("fit")
-    assert dm.class_names == [0, 1, 2] or dm.class_names == list(DIGITS)
-    batch = next(iter(dm.val_dataloader()))
-    assert batch["audio"]["fbank"].shape[-1] == 32 and len(dm.datasets["val"]) == 12
+    raw = load_source("audiofolder", data_dir=str(d))["train"]
+    assert raw.column_names == ["audio", "digit", "speaker"] and len(raw) == len(names)
+    for row in raw.cast_column("audio", __import__("datasets").Audio(decode=False)):
+        stem = Path(row["audio"]["path"]).stem
+        assert [str(row["digit"]), row["speaker"]] == stem.split("_")[:2] and Path(row["audio"]["path"]).parent == d
+    kw = {"columns": {"audio": "audio"}, "label_column": "digit", "group_column": "speaker", "val_groups": ["theo"], **OPTS}
+    dm = HFDataModule("audiofolder", data_dir=str(d), **kw)
+    saved = HFDataModule(str(fsdd["hf"]), **kw)
+    for m in (dm, saved):
+        m.setup("fit")
+    assert dm.class_names == list(DIGITS) and len(dm.datasets["val"]) == 12 and len(dm.datasets["train"]) == 24
+    for a, b in zip(saved.train_dataloader(), dm.train_dataloader()):
+        assert torch.equal(a["label"], b["label"]) and torch.equal(a["audio"]["fbank"], b["audio"]["fbank"])
+    assert next(iter(dm.val_dataloader()))["audio"]["fbank"].shape[-1] == 32
 
 
 def test_parquet_shards_tabular_and_their_own_splits(tmp_path):
