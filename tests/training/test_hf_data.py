@@ -103,6 +103,10 @@ def test_audiofolder_per_digit_folders_items_equal_the_folder_path(fsdd, tmp_pat
         for a, b in zip(getattr(folder, f"{split}_dataloader")(), getattr(hf, f"{split}_dataloader")()):
             assert torch.equal(a["label"], b["label"])
             assert torch.equal(a["audio"]["fbank"], b["audio"]["fbank"]) and torch.equal(a["audio"]["frames"], b["audio"]["frames"])
+    streamed = HFDataModule("audiofolder", data_dir=str(d), columns={"audio": "audio"}, label_column="label", streaming=True, **OPTS)
+    streamed.setup("fit")  # a stream's validation split is read whole (its Audio column cast, not re-encoded)
+    for a, b in zip(folder.val_dataloader(), streamed.val_dataloader()):
+        assert torch.equal(a["label"], b["label"]) and torch.equal(a["audio"]["fbank"], b["audio"]["fbank"])
 
 
 def test_audiofolder_builder_reads_metadata(fsdd, tmp_path):

@@ -506,7 +506,8 @@ class HFDataModule(MMTEDataModule):
         if self.streaming and hasattr(ds, "take") and not hasattr(ds, "select"):  # an eval split of a stream: read whole
             import datasets
 
-            ds = datasets.Dataset.from_list(list(ds), features=ds.features)
+            rows = list(ds)  # cast after building: encoding an Audio feature row by row needs torchcodec, a cast does not
+            ds = datasets.Dataset.from_list(rows).cast(ds.features) if rows else datasets.Dataset.from_dict({k: [] for k in ds.features}, features=ds.features)
         lazy = not self.map_preprocess or (split == "train" and self._augment is not None)
         fn = self._prepare_fn(split, ds, to_numpy=not lazy)
         n = len(ds)
