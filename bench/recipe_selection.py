@@ -260,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
                      "searched values and B with the study's, compared on the best validation value of each run (the best in its "
                      "metrics.csv, the value its `best.ckpt` was picked by); the recipe ships the winner's values and that length, and its test split was "
                      "read once, by `mmte test --config recipes/<recipe>.yaml --ckpt_path best` on the winner's run. A recipe missing from "
-                     "this table still ships its study's best values with the study's per-trial budget, its test figure the study's.")
+                     "this table ships its study's best values at its own full training length (early stopping on validation); its only "
+                     "test figure so far is the study's best trial's, at the study's budget.")
         note += ("\n\n`recipes/fsdd_speakers.yaml` is not re-selected: one leave-one-speaker-out fit takes about 8 minutes per fold on "
                  "an idle machine (five folds a setting), more than a study on 2 shared cores holds; its comment says how its settings "
                  "were chosen.")
