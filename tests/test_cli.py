@@ -262,7 +262,7 @@ def test_entry_flags_merge_into_the_recipe_entry(capsys):
         (["--model.heads.forecast.dropout", "abc"],
          ("mmte: error: --model.heads.forecast.dropout is 'abc', expected float or null, fix the value (no quotes around numbers; "
          "mmte list heads shows the heads)")),
-        (["--model.heads.forecast.num_patches", "many"], "mmte: error: --model.heads.forecast.num_patches is 'many', expected int or 'auto' or null"),
+        (["--model.heads.forecast.num_patches", "many"], "mmte: error: --model.heads.forecast.num_patches is 'many', expected int or 'auto', 'mean' or null"),
         (["--model.tokenizers.time_series.patch_len=x"], "mmte: error: --model.tokenizers.time_series.patch_len is 'x', expected int or null"),
         (["--model.heads", "{forecast: {class_path: mmte.heads.ForecastingHead, init_args: {dropout: 0.1}}}"],
          ("mmte: error: model.heads.forecast is spelt {class_path: mmte.heads.ForecastingHead, init_args: ...}, expected name: <registry name "

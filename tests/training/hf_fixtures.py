@@ -50,3 +50,36 @@ def table_config(d: Path, streaming: bool, batch_size: int = 16, head_dropout: f
                                "columns": {"tabular": FEATURES}, "label_column": "label", "id_column": "id",
                                "streaming": streaming, "shuffle_buffer": shuffle_buffer, "batch_size": batch_size, "seed": 0}},
     }
+
+
+FSDD_DIGITS = ("0", "1", "2")
+
+
+def fsdd_subset(dst: Path, speakers, takes=range(4), digits=FSDD_DIGITS) -> list[str]:
+    """Copy the FSDD recordings of ``speakers`` (digits ``digits``, takes ``takes``) into ``dst``; their paths."""
+    import glob
+    import shutil
+
+    from tests.conftest import need_data
+
+    fsdd = need_data(Path(__file__).resolve().parents[2].parent / "shared" / "data" / "fsdd" / "recordings", "FSDD recordings")
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in sorted(glob.glob(str(Path(fsdd) / "*.wav"))):
+        digit, spk, i = Path(f).stem.split("_")
+        if spk in speakers and digit in digits and int(i) in takes:
+            shutil.copy(f, dst)
+    return sorted(glob.glob(str(dst / "*.wav")))
+
+
+def save_fsdd(files: list[str], out: Path, digits=FSDD_DIGITS) -> Path:
+    """The clips as a save_to_disk dataset: ``audio`` (Audio), ``digit`` (ClassLabel), ``speaker``, ``file``."""
+    import os
+
+    import datasets
+
+    names = [os.path.basename(f) for f in files]
+    ds = datasets.Dataset.from_dict({"audio": files, "digit": [n.split("_")[0] for n in names], "speaker": [n.split("_")[1] for n in names], "file": names})
+    ds = ds.cast_column("audio", datasets.Audio()).cast_column("digit", datasets.ClassLabel(names=list(digits)))
+    ds.save_to_disk(str(out))
+    return out
+

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from mmte.training.data import FolderDataModule, HFDataModule
+from tests.training.hf_fixtures import fsdd_subset, save_fsdd
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT.parent / "shared" / "data"
@@ -28,36 +29,14 @@ FSDD = DATA / "fsdd" / "recordings"
 DIGITS = ("0", "1", "2")
 
 
-def _fsdd_subset(dst: Path, speakers, takes=range(4)) -> list[str]:
-    from tests.conftest import need_data
-
-    need_data(FSDD, "FSDD recordings")
-    dst.mkdir(parents=True, exist_ok=True)
-    for f in sorted(glob.glob(str(FSDD / "*.wav"))):
-        digit, spk, i = Path(f).stem.split("_")
-        if spk in speakers and digit in DIGITS and int(i) in takes:
-            shutil.copy(f, dst)
-    return sorted(glob.glob(str(dst / "*.wav")))
-
-
-def _save_fsdd(files: list[str], out: Path) -> Path:
-    import datasets
-
-    names = [os.path.basename(f) for f in files]
-    ds = datasets.Dataset.from_dict({"audio": files, "digit": [n.split("_")[0] for n in names], "speaker": [n.split("_")[1] for n in names], "file": names})
-    ds = ds.cast_column("audio", datasets.Audio()).cast_column("digit", datasets.ClassLabel(names=list(DIGITS)))
-    ds.save_to_disk(str(out))
-    return out
-
-
 @pytest.fixture(scope="module")
 def fsdd(tmp_path_factory):
     """Training clips (george, jackson; theo for validation) as a folder and a save_to_disk dataset, and
     another speaker's clips (nicolas) as a second dataset to predict on."""
     d = tmp_path_factory.mktemp("fsdd")
-    files = _fsdd_subset(d / "wavs", ("george", "jackson", "theo"))
-    other = _fsdd_subset(d / "other", ("nicolas",), takes=range(2))
-    return {"wavs": d / "wavs", "hf": _save_fsdd(files, d / "hf"), "other": _save_fsdd(other, d / "other_hf")}
+    files = fsdd_subset(d / "wavs", ("george", "jackson", "theo"))
+    other = fsdd_subset(d / "other", ("nicolas",), takes=range(2))
+    return {"wavs": d / "wavs", "hf": save_fsdd(files, d / "hf"), "other": save_fsdd(other, d / "other_hf")}
 
 
 OPTS = {"preprocess": {"target_rate": 16000, "num_mel_bins": 32}, "min_frames": 16, "max_frames": 64, "batch_size": 4, "seed": 0}
