@@ -105,11 +105,23 @@ def __getattr__(name: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``mmte`` console script and ``python -m mmte``; returns the exit status.
+    """Entry point of the ``mmte`` console script and ``python -m mmte``; returns the exit status. Run as the
+    console command (``argv`` None), the process ends here through :func:`mmte.cli._exit.exit_now` unless
+    ``MMTE_FAST_EXIT=0``.
 
     Args:
         argv: the command line after ``mmte`` (default ``sys.argv[1:]``).
     """
+    code = _main(argv)
+    if argv is None:
+        from ._exit import exit_now, fast_exit_enabled
+
+        if fast_exit_enabled():
+            exit_now(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     from .._signals import install_cli_signal_handlers
     from ..errors import Interrupted
     from ._logs import setup_logging
