@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import need_data
+from tests.recipe_data import recipe_data_args
 
 
 def test_missing_data_skips_locally_and_fails_in_ci(tmp_path, monkeypatch):
@@ -23,6 +24,4 @@ def test_missing_data_skips_locally_and_fails_in_ci(tmp_path, monkeypatch):
 
 def test_recipes_without_data_needs_do_not_ask_for_data():
     """quickstart and tabular_wine read bundled scikit-learn data: no ../shared/data path, so they always run."""
-    from tests.test_recipes import _data_args
-
-    assert _data_args("quickstart") == [] and _data_args("tabular_wine") == []
+    assert recipe_data_args("quickstart") == [] and recipe_data_args("tabular_wine") == []

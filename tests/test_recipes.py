@@ -10,28 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.recipe_data import recipe_data_args
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 FSDD_RECIPES = {"fsdd_audio", "fsdd_speakers", "audio_image_joint", "audio_image_retrieval"}
-
-
-DATA = ROOT / ".." / "shared" / "data"
-
-
-def _data_args(name: str) -> list[str]:
-    """The flags pointing recipe ``name`` at its data in ../shared/data; a recipe whose data is missing skips
-    (fails under CI: tests.conftest.need_data), and one that needs none (quickstart, tabular_wine) always runs."""
-    from tests.conftest import need_data
-
-    if name in ("fsdd_audio", "fsdd_speakers"):
-        return ["--data.init_args.data_dir", str(need_data(DATA / "fsdd" / "recordings", "FSDD recordings"))]
-    if name in ("audio_image_joint", "audio_image_retrieval"):
-        return ["--data.init_args.first.init_args.data_dir", str(need_data(DATA / "fsdd" / "recordings", "FSDD recordings"))]
-    if name == "etth1_forecast":
-        return ["--data.init_args.path", str(need_data(DATA / "ett" / "ETTh1.csv", "ETTh1.csv"))]
-    if name == "diamonds_tabular":
-        return ["--data.init_args.path", str(need_data(DATA / "tabular" / "diamonds.csv", "diamonds.csv"))]
-    return []
 
 
 def _cli(args, tmp_path):
@@ -48,7 +31,7 @@ def test_there_are_recipes():
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_recipe_parses_and_instantiates(recipe, tmp_path):
-    cli = _cli(["--config", str(recipe), *_data_args(recipe.stem)], tmp_path)
+    cli = _cli(["--config", str(recipe), *recipe_data_args(recipe.stem)], tmp_path)
     from mmte.training.data import MMTEDataModule
     from mmte.training.module import MMTEModule
 
@@ -86,7 +69,7 @@ def test_quick_recipe_fits_a_few_steps(name, tmp_path):
     args = ["fit", "--config", str(ROOT / "recipes" / f"{name}.yaml")]
     if name != "quickstart":
         args += ["--config", str(ROOT / "configs" / "encoders" / "tiny.yaml")]
-    args += _data_args(name)
+    args += recipe_data_args(name)
     args += ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false",
              "--trainer.default_root_dir", str(tmp_path / "run")]
     torch.manual_seed(0)
@@ -108,7 +91,7 @@ def test_fragment_stacks_onto_a_recipe(fragment, tmp_path):
     import yaml
 
     recipe = "fsdd_audio" if "audio" in fragment.stem else "quickstart"
-    data_args, own = _data_args(recipe), set()
+    data_args, own = recipe_data_args(recipe), set()
     if fragment.stem.startswith("hf-"):  # a Hugging Face dataset instead of the recipe's folder: a small one built here
         from tests.training.hf_fixtures import fsdd_subset, save_fsdd
 

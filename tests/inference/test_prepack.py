@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from mmte.data import collate_batch
 from mmte.inference import SMALL_ROWS, PackedLinear, PackedTransformerLayer, available, pack, small_available, unpack
 from mmte.te import Linear, TransformerLayer
-from tests.te.test_lowp import OpLog
+from tests.op_log import OpLog
 
 ROOT = Path(__file__).resolve().parents[2]
 BF16 = torch.bfloat16

@@ -12,13 +12,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from mmte import device as mdev
 from mmte.encoders import Backbone
 from mmte.te import Linear
 from mmte.te.attention import cpu_lowp_attention
 from mmte.te.lowp import cast_param, clear_cache
+from tests.op_log import OpLog
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "recipes" / "quickstart.yaml"
@@ -28,19 +28,6 @@ BF16 = torch.bfloat16
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
-class OpLog(TorchDispatchMode):
-    """Records (op name, input dtypes, input shapes) of every aten op that runs."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops: list[tuple[str, tuple, tuple]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        ts = [a for a in args if isinstance(a, torch.Tensor)]
-        self.ops.append((func.overloadpacket.__name__, tuple(t.dtype for t in ts), tuple(tuple(t.shape) for t in ts)))
-        return func(*args, **(kwargs or {}))
 
 
 # ----------------------------------------------------------------------------------- the cache

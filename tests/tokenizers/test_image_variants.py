@@ -54,7 +54,7 @@ def test_patch_embed_linear_path_matches_the_convolution():
     """Inference runs the non-overlapping patch convolution as one GEMM over flattened patches: the same
     tokens as the convolution (float64 reference), for non-square patches, several channels and another size."""
     from mmte.tokenizers.image import patch_embed
-    from tests.te.test_lowp import OpLog
+    from tests.op_log import OpLog
 
     torch.manual_seed(0)
     tok = ImageTokenizer(24, img_size=(16, 32), patch_size=(4, 8), in_chans=3).eval()
@@ -81,12 +81,12 @@ def test_patch_embed_linear_path_matches_the_convolution():
     assert grid == (4, 4)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     seen = []
-    tok.proj.register_forward_hook(lambda m, i, o: seen.append(1))  # a hooked convolution runs as a module
+    own = tok.proj.register_forward_hook(lambda m, i, o: seen.append(1))  # a hooked convolution runs as a module
     with torch.inference_mode():
         tok(torch.randn(2, 3, 16, 32))
     assert seen == [1]
     seen.clear()
-    tok.proj._forward_hooks.clear()
+    own.remove()
     handle = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: seen.append(type(m).__name__))
     try:  # ... and so does one under a global hook
         with torch.inference_mode():
