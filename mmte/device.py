@@ -28,6 +28,7 @@ __all__ = [
     "DeviceInfo",
     "autocast_dtypes",
     "available_types",
+    "backend_module",
     "choose_precision",
     "cpu_info",
     "default_device",
@@ -58,7 +59,11 @@ def _musa_module():
     return getattr(torch, "musa", None)
 
 
-def _backend_module(device_type: str):
+def backend_module(device_type: str):
+    """torch's module for an accelerator type: ``torch.cuda`` for ``"cuda"``, ``torch.musa`` for ``"musa"``
+    (importing ``torch_musa``), None for the CPU or a backend that is not installed. The one place the
+    device functions here (and the MUSA accelerator) get a backend from; whether it has a device is its
+    ``is_available()``."""
     if device_type == "cuda":
         return torch.cuda
     if device_type == "musa":
@@ -80,7 +85,7 @@ def is_available(device_type: str) -> bool:
         return True
     if device_type not in _DIST_BACKENDS:
         raise ValueError(f"unknown device type {device_type!r}; expected one of {sorted(_DIST_BACKENDS)}")
-    mod = _backend_module(device_type)
+    mod = backend_module(device_type)
     return bool(mod is not None and mod.is_available())
 
 
@@ -118,25 +123,25 @@ def autocast_dtypes(device: str | torch.device | None = None) -> list[torch.dtyp
 
 def synchronize(device: str | torch.device | None = None) -> None:
     """Wait for all queued work on ``device`` (a no-op on the CPU)."""
-    mod = _backend_module(_type(device))
+    mod = backend_module(_type(device))
     if mod is not None and mod.is_available():
         mod.synchronize()
 
 
 def memory_allocated(device: str | torch.device | None = None) -> int:
     """Bytes currently allocated by the framework on the device (0 on the CPU: not tracked)."""
-    mod = _backend_module(_type(device))
+    mod = backend_module(_type(device))
     return int(mod.memory_allocated()) if mod is not None and mod.is_available() else 0
 
 
 def max_memory_allocated(device: str | torch.device | None = None) -> int:
     """Peak bytes allocated since the last reset (0 on the CPU: use bench tools' RSS instead)."""
-    mod = _backend_module(_type(device))
+    mod = backend_module(_type(device))
     return int(mod.max_memory_allocated()) if mod is not None and mod.is_available() else 0
 
 
 def reset_peak_memory_stats(device: str | torch.device | None = None) -> None:
-    mod = _backend_module(_type(device))
+    mod = backend_module(_type(device))
     if mod is not None and mod.is_available():
         mod.reset_peak_memory_stats()
 
@@ -145,7 +150,7 @@ def manual_seed(seed: int) -> None:
     """Seed the CPU and every accelerator generator."""
     torch.manual_seed(seed)
     for t in ("cuda", "musa"):
-        mod = _backend_module(t)
+        mod = backend_module(t)
         if mod is not None and mod.is_available():
             mod.manual_seed_all(seed)
 
@@ -163,7 +168,7 @@ class DeviceInfo:
 def info(device: str | torch.device | None = None) -> DeviceInfo:
     """A summary of the device: name, count, compute capability (CUDA), backend, autocast dtypes."""
     t = _type(device)
-    mod = _backend_module(t)
+    mod = backend_module(t)
     if t == "cpu" or mod is None or not mod.is_available():
         import platform
 

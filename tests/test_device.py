@@ -26,6 +26,12 @@ def test_musa_is_reported_unavailable_without_torch_musa():
         pass
     assert not device.is_available("musa")
     assert device.autocast_dtypes("musa") == []
+    assert device.backend_module("musa") is None
+
+
+def test_backend_module_is_torchs_module_for_the_type():
+    assert device.backend_module("cuda") is torch.cuda
+    assert device.backend_module("cpu") is None
 
 
 def test_info_and_memory_api_on_cpu():
@@ -52,7 +58,7 @@ def test_manual_seed_seeds_cpu_and_every_accelerator(monkeypatch):
             calls.append((self.name, seed))
 
     fakes = {"cuda": FakeBackend("cuda", True), "musa": FakeBackend("musa", False)}
-    monkeypatch.setattr(device, "_backend_module", lambda t: fakes.get(t))
+    monkeypatch.setattr(device, "backend_module", lambda t: fakes.get(t))
     device.manual_seed(3)
     a = torch.rand(3)
     assert torch.equal(a, torch.rand(3, generator=torch.Generator().manual_seed(3)))

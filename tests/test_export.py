@@ -27,14 +27,18 @@ def trained(tmp_path_factory) -> Path:
     return root / "checkpoints" / "last.ckpt"
 
 
-def _eager_and_batch(ckpt: Path, n: int):
-    """The checkpoint's model in eval mode and n real digits (the rows the export did not see first)."""
+def _eager_and_batch(ckpt: Path, n: int, tmp_path: Path):
+    """The checkpoint's model as Lightning loads it (eval mode) and n real digits (the rows the export did not
+    see first) from the recipe's DataModule: a reference built without the export's own code."""
     from mmte.cli import MMTECLI
-    from mmte.export import _build_from_recipe
+    from mmte.training.module import MMTEModule
 
-    module, dm = _build_from_recipe(COMMON, str(ckpt), MMTECLI)
+    cli = MMTECLI(args=[*COMMON, "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path / "ref")], run=False)
+    dm = cli.datamodule
+    dm.setup("predict")
     ds = dm.datasets[dm.predict_split]
     batch = collate_batch([ds[i] for i in range(20, 20 + n)], dm.collates_for("eval"))
+    module = MMTEModule.load_from_checkpoint(ckpt, map_location="cpu")
     return module.model.eval(), batch
 
 
@@ -51,7 +55,7 @@ def test_export_onnx_matches_eager(trained, tmp_path, capsys):
     assert main(["export", *COMMON, "--ckpt_path", str(trained), "--format", "onnx", "--out", str(out)]) == 0
     diff = _printed_diff(capsys.readouterr().out, out, "onnx")
     assert diff < 1e-4
-    model, batch = _eager_and_batch(trained, 5)  # another batch size: the batch dimension is dynamic
+    model, batch = _eager_and_batch(trained, 5, tmp_path)  # another batch size: the batch dimension is dynamic
     with torch.no_grad():
         ref = model({"image": batch["image"]})["digit"]
     sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
@@ -66,7 +70,7 @@ def test_export_torch_program_matches_eager(trained, tmp_path, capsys):
     assert main(["export", *COMMON, "--ckpt_path", str(trained), "--format", "torch_export", "--out", str(out)]) == 0
     diff = _printed_diff(capsys.readouterr().out, out, "torch_export")
     assert diff < 1e-5
-    model, batch = _eager_and_batch(trained, 3)
+    model, batch = _eager_and_batch(trained, 3, tmp_path)
     with torch.no_grad():
         ref = model({"image": batch["image"]})["digit"]
         (got,) = torch.export.load(str(out)).module()(batch["image"])

@@ -92,7 +92,7 @@ def test_joint_fusion_mask_is_concatenated():
     ids = torch.randint(1, 50, (2, 6))
     am = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]], dtype=torch.bool)
     seqs = model.forward_tokens({"text": {"input_ids": ids, "attention_mask": am}, "image": image_batch(2)})
-    joint = model._joint(seqs)
+    (_hidden, joint), = model.forward_backbone(seqs).values()
     assert torch.equal(joint.mask, torch.cat([am, torch.ones(2, 5, dtype=torch.bool)], 1))
 
 

@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "BACKBONE_SOURCES",
+    "clear_cache",
     "hub_cache_dir",
     "resolve_backbone_source",
     "safetensors_config",
@@ -239,6 +240,17 @@ def _load_open_clip_backbone(source: str, arch: str, tag: str) -> Backbone:
     return open_clip_to_mmte(visual.state_dict(), num_heads=blk.attn.num_heads, activation=act, layernorm_epsilon=eps).backbone
 
 
+def clear_cache() -> None:
+    """Forget the backbones read from named, ``hf:``, ``timm:`` and ``open_clip:`` sources.
+
+    :func:`resolve_backbone_source` reads each such source once per process (the last few of each kind
+    stay in memory) and hands out copies. Call this when the files behind a source changed since it was
+    read (another ``HF_HUB_CACHE``, a folder saved again), so that the next resolve reads them anew.
+    """
+    for loader in (_load_hf_backbone, _load_timm_backbone, _load_open_clip_backbone):
+        loader.cache_clear()
+
+
 # ----------------------------------------------------------------------------------------- resolve
 def resolve_backbone_source(source: str | os.PathLike) -> Backbone | str:
     """Turn a ``backbone_weights`` value into something :class:`MetaTransformer` loads.
@@ -249,7 +261,8 @@ def resolve_backbone_source(source: str | os.PathLike) -> Backbone | str:
             (see the module docstring).
 
     Returns:
-        a built :class:`Backbone` (named and hub sources; a fresh copy each call) or the file path.
+        a built :class:`Backbone` (named and hub sources; a fresh copy each call, the source read once:
+        see :func:`clear_cache`) or the file path.
 
     Raises:
         ValueError: an unknown name, a missing file, or hub weights that are not cached (naming the

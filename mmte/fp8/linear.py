@@ -33,7 +33,8 @@ without them (a high-precision model's) loads with fresh scaling state.
 Bad amaxes (delayed scaling): an update whose amax is 0 or not finite keeps the history and the scale as
 they were; ``fp8_bad_amax`` [2, 3] (not saved) counts, per role, the consecutive non-finite updates (row
 0) and all skipped updates (row 1). :func:`check_bad_amax` (called once per update round by
-:mod:`mmte.fp8.autocast`) logs the first one and raises after ``recipe.max_bad_amax_steps`` in a row.
+:mod:`mmte.fp8.autocast`) logs the first one (once per process, until :func:`reset_bad_amax_log`) and
+raises after ``recipe.max_bad_amax_steps`` in a row.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from .recipes import MXFP8, BlockScaling, DelayedScaling, Recipe, delayed_scale
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ROLES", "FP8Linear", "check_bad_amax"]
+__all__ = ["ROLES", "FP8Linear", "check_bad_amax", "reset_bad_amax_log"]
 
 ROLES = ("input", "weight", "grad_output")
 _IN, _W, _GRAD = 0, 1, 2
@@ -436,6 +437,15 @@ class FP8Linear(Linear):
 
 
 _BAD_AMAX_LOGGED: set[str] = set()
+
+
+def reset_bad_amax_log() -> None:
+    """Let :func:`check_bad_amax` log the next zero and the next non-finite amax again.
+
+    It logs each kind once per process, so that a long run is not flooded; a new run started in the same
+    process (a sweep's next trial, a notebook) calls this to have its own first bad amax reported.
+    """
+    _BAD_AMAX_LOGGED.clear()
 
 
 @torch.no_grad()

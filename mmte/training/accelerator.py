@@ -22,7 +22,7 @@ __all__ = ["MUSAAccelerator", "parse_musa_devices", "register_musa"]
 
 
 def _count() -> int:
-    mod = mdevice._backend_module("musa")
+    mod = mdevice.backend_module("musa")
     return int(mod.device_count()) if mod is not None and mod.is_available() else 0
 
 
@@ -75,19 +75,19 @@ class MUSAAccelerator(Accelerator):
     def setup_device(self, device: torch.device) -> None:
         if device.type != "musa":
             raise ValueError(f"MUSAAccelerator needs a musa device; got {device}")
-        mod = mdevice._backend_module("musa")
+        mod = mdevice.backend_module("musa")
         if mod is None:
             raise RuntimeError("torch_musa is not importable: cannot set up a MUSA device")
         mod.set_device(device)
 
     def get_device_stats(self, device) -> dict[str, Any]:
-        mod = mdevice._backend_module("musa")
+        mod = mdevice.backend_module("musa")
         if mod is None or not hasattr(mod, "memory_stats"):
             return {}
         return dict(mod.memory_stats(device))
 
     def teardown(self) -> None:
-        mod = mdevice._backend_module("musa")
+        mod = mdevice.backend_module("musa")
         if mod is not None and hasattr(mod, "empty_cache"):
             mod.empty_cache()
 

@@ -28,11 +28,9 @@ def hub(tmp_path, monkeypatch) -> Path:
     cache.mkdir()
     monkeypatch.setenv("HF_HUB_CACHE", os.fspath(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    for fn in (sources._load_timm_backbone, sources._load_hf_backbone, sources._load_open_clip_backbone):
-        fn.cache_clear()
+    sources.clear_cache()
     yield cache
-    for fn in (sources._load_timm_backbone, sources._load_hf_backbone, sources._load_open_clip_backbone):
-        fn.cache_clear()
+    sources.clear_cache()
 
 
 def _snapshot(cache: Path, repo: str) -> Path:
@@ -117,9 +115,10 @@ def test_hf_hub_id_from_cache(hub):
         resolve_backbone_source("hf:a/b/c")
 
 
-def test_bert_folder_is_read_without_building_the_hf_model(tmp_path, caplog):
-    """A BERT folder with model.safetensors is read straight from the file (no transformers model built);
-    sharded/.bin folders and masked-LM checkpoints (``bert.`` keys) give the same trunk as from_hf."""
+def test_bert_folder_is_read_without_building_the_hf_model(tmp_path, caplog, monkeypatch):
+    """A BERT folder with model.safetensors is read straight from the file (no transformers model or config
+    built); a .bin folder goes through transformers, and a masked-LM checkpoint (``bert.`` keys) is read
+    straight too: each gives the same trunk as from_hf."""
     transformers = pytest.importorskip("transformers")
     cfg = transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                                   max_position_embeddings=16, hidden_act="gelu_new")
@@ -127,22 +126,53 @@ def test_bert_folder_is_read_without_building_the_hf_model(tmp_path, caplog):
     ref = transformers.BertModel(cfg, add_pooling_layer=False).eval()
     want = from_hf(ref).backbone.state_dict()
     ref.save_pretrained(tmp_path / "st")
-    with caplog.at_level("INFO", logger="mmte"):
-        fast = sources._bert_folder_backbone(os.fspath(tmp_path / "st"))
-    assert fast is not None and "read BERT trunk from" in caplog.text
-    _assert_same_state(fast, want)
-    x = torch.randn(2, 5, 32)
-    torch.testing.assert_close(fast.eval()(x), ref.encoder(x).last_hidden_state, rtol=1.3e-6, atol=1e-5)
-
     ref.config.save_pretrained(tmp_path / "bin")  # pytorch_model.bin weights: transformers reads them
     torch.save(ref.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
-    assert sources._bert_folder_backbone(os.fspath(tmp_path / "bin")) is None
-    _assert_same_state(resolve_backbone_source(f"hf:{tmp_path / 'bin'}"), want)
-
     mlm = transformers.BertForMaskedLM(cfg).eval()
     mlm.bert.load_state_dict(ref.state_dict(), strict=False)
     mlm.save_pretrained(tmp_path / "mlm")
-    _assert_same_state(sources._bert_folder_backbone(os.fspath(tmp_path / "mlm")), want)
+    sources.clear_cache()
+
+    caplog.set_level("INFO", logger="mmte")
+    b = resolve_backbone_source(f"hf:{tmp_path / 'bin'}")
+    assert "read BERT trunk from" not in caplog.text
+    _assert_same_state(b, want)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a transformers model or config was built")
+
+    for cls in (transformers.AutoConfig, transformers.BertModel, transformers.BertForMaskedLM):
+        monkeypatch.setattr(cls, "from_pretrained", refuse)
+    for folder in ("st", "mlm"):
+        caplog.clear()
+        fast = resolve_backbone_source(f"hf:{tmp_path / folder}")
+        assert f"read BERT trunk from {tmp_path / folder / 'model.safetensors'}" in caplog.text, folder
+        _assert_same_state(fast, want)
+        x = torch.randn(2, 5, 32)
+        torch.testing.assert_close(fast.eval()(x), ref.encoder(x).last_hidden_state, rtol=1.3e-6, atol=1e-5)
+    sources.clear_cache()
+
+
+def test_a_source_is_read_once_until_clear_cache(tmp_path):
+    """resolve_backbone_source reads a folder once per process: saved again, it still gives the first weights,
+    and after sources.clear_cache() the new ones."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+                                  max_position_embeddings=16)
+    folder = tmp_path / "bert"
+
+    def save(seed: int) -> dict[str, torch.Tensor]:
+        torch.manual_seed(seed)
+        ref = transformers.BertModel(cfg, add_pooling_layer=False)
+        ref.save_pretrained(folder)
+        return from_hf(ref).backbone.state_dict()
+
+    first = save(4)
+    _assert_same_state(resolve_backbone_source(f"hf:{folder}"), first)
+    second = save(5)
+    _assert_same_state(resolve_backbone_source(f"hf:{folder}"), first)
+    sources.clear_cache()
+    _assert_same_state(resolve_backbone_source(f"hf:{folder}"), second)
 
 
 def test_open_clip_source_from_cache(hub, tmp_path, monkeypatch):

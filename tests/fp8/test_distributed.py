@@ -99,7 +99,7 @@ def _tp_worker(rank: int, world: int, port: int, out: str) -> None:
         for mr, mt in zip(ref, tp):
             if isinstance(mr, fp8.FP8Linear):
                 for name in ("fp8_amax_history", "fp8_scale", "fp8_amax_pending"):
-                    mt._buffers[name] = mr._buffers[name].clone()
+                    setattr(mt, name, getattr(mr, name).clone())  # the buffer replaced, as registered
         res = {}
         for name, model in (("ref", ref), ("tp", tp)):
             y, dx = step(model, xs[1])

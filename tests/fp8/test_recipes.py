@@ -150,9 +150,9 @@ def test_bad_amax_keeps_scale_counts_logs_once_and_stops_after_n(caplog):
     import logging
 
     from mmte.errors import RunError
-    from mmte.fp8 import linear as fp8_linear
+    from mmte.fp8.linear import reset_bad_amax_log
 
-    fp8_linear._BAD_AMAX_LOGGED.clear()
+    reset_bad_amax_log()  # an earlier test in this process may have logged one already
     recipe = DelayedScaling(amax_history_len=1024, max_bad_amax_steps=3)
     lin = _identity_linear(recipe)
     seq = [2.0, math.nan, 4.0, 0.0, math.inf, math.nan, 1.0, math.inf, math.nan]
@@ -176,6 +176,15 @@ def test_bad_amax_keeps_scale_counts_logs_once_and_stops_after_n(caplog):
                                            r"FP8Linear\(16, 16\) \(scale kept at 112\), expected finite activations"), fp8.autocast(recipe=recipe):
             lin(_probe(math.inf))
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    # logged once per process: another run's non-finite amax is silent, until the log is reset
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="mmte.fp8.linear"):
+        for reset in (False, True):
+            if reset:
+                reset_bad_amax_log()
+            with fp8.autocast(recipe=recipe):
+                _identity_linear(recipe)(_probe(math.nan))
+    assert ["non-finite amax" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [True]
 
 
 def test_max_bad_amax_steps_validated_and_zero_never_stops():

@@ -1,4 +1,4 @@
-"""Data options the recipes of issue 12 rely on: FolderDataModule's training-only ``augment`` and
+"""Data options the recipes rely on: FolderDataModule's training-only ``augment`` and
 TableDataModule's ``batch_size: auto``."""
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ def test_augment_errors(wav_folder):
 def test_batch_size_auto_follows_the_table(shared_data):
     path = str(shared_data / "tabular" / "diamonds.csv")
     dm = TableDataModule(path=path, label_column="cut", val_fraction=0.1, test_fraction=0.2, batch_size="auto")
-    n = len(dm._assignment()["train"])
+    dm.setup("fit")
+    n = len(dm.datasets["train"])  # the training split the module built
     assert abs(n - 0.7 * 53940) < 5
     assert dm.batch_size == 2 ** round(math.log2(n / 200)) == 256 and dm.eval_batch_size == 512
     small = TableDataModule(path="sklearn://wine", val_fraction=0.25, batch_size="auto")

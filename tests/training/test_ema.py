@@ -53,14 +53,29 @@ def _fit(tmp_path: Path, *extra: str):
     return cli, naive
 
 
+def _holds_only_the_average(trainer, module, naive: NaiveEMA, path: Path) -> None:
+    """The model holds the averaged weights as its only weights, kept by an evaluation: a validation leaves
+    them in place, and a checkpoint saved now holds them once, with no live weights or average beside them."""
+    trainer.validate(module, datamodule=trainer.datamodule, verbose=False)
+    for k, v in naive.avg.items():
+        torch.testing.assert_close(dict(module.named_parameters())[k].detach().double(), v, rtol=1e-5, atol=1e-6, msg=k)
+    trainer.save_checkpoint(path)
+    ck = torch.load(path, map_location="cpu", weights_only=False)
+    assert "current_model_state" not in ck and "ema" not in ck.get("mmte", {})
+    for k, v in naive.avg.items():
+        torch.testing.assert_close(ck["state_dict"][k].double(), v, rtol=1e-5, atol=1e-6, msg=k)
+
+
 def test_ema_is_the_average_of_the_live_weights_and_what_evaluation_and_checkpoints_see(tmp_path):
     cli, naive = _fit(tmp_path, "--trainer.callbacks+=tests.training.test_ema.NaiveEMA", "--trainer.callbacks.decay", "0.8")
     trainer, module = cli.trainer, cli.model
-    assert naive.n == 10 and module._ema is None  # 2 epochs x 5 steps; the model took the average at the end
+    logged = float(trainer.callback_metrics["val_mse"])  # the fit's last validation
+    assert naive.n == 10  # 2 epochs x 5 steps
     own = {n: p.detach().double() for n, p in module.named_parameters() if p.requires_grad}
     assert set(own) == set(naive.avg)
     for k, v in naive.avg.items():
         torch.testing.assert_close(own[k], v, rtol=1e-5, atol=1e-6, msg=k)
+    _holds_only_the_average(trainer, module, naive, tmp_path / "after_fit.ckpt")  # the model took the average at the end
     head = "model.heads.forecast.proj.weight"
     assert (naive.live[head] - naive.avg[head]).abs().max() > 3e-4  # the average is not the live weights
 
@@ -71,7 +86,6 @@ def test_ema_is_the_average_of_the_live_weights_and_what_evaluation_and_checkpoi
         torch.testing.assert_close(ck["current_model_state"][k].double(), naive.live[k], rtol=0, atol=0, msg=k)
 
     # the last validation of the fit ran with the average: the model (holding it now) validates the same
-    logged = float(trainer.callback_metrics["val_mse"])
     again = trainer.validate(module, datamodule=cli.datamodule, verbose=False)[0]["val_mse"]
     assert again == pytest.approx(logged, rel=1e-6)
     with torch.no_grad():  # and the live weights would have scored differently
@@ -85,7 +99,7 @@ def test_ema_is_the_average_of_the_live_weights_and_what_evaluation_and_checkpoi
     tested = trainer.test(module, datamodule=cli.datamodule, ckpt_path=str(tmp_path / "run" / "checkpoints" / "last.ckpt"), verbose=False)[0]
     for k, v in naive.avg.items():
         torch.testing.assert_close(dict(module.named_parameters())[k].detach().double(), v, rtol=1e-5, atol=1e-6, msg=k)
-    assert module._ema is None
+    _holds_only_the_average(trainer, module, naive, tmp_path / "after_test.ckpt")
     loaded = type(module).load_from_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu")
     for k, v in naive.avg.items():
         torch.testing.assert_close(dict(loaded.named_parameters())[k].detach().double(), v, rtol=1e-5, atol=1e-6, msg=k)

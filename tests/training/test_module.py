@@ -255,15 +255,22 @@ def test_full_checkpoint_without_source(tmp_path):
         torch.testing.assert_close(loaded.state_dict()[k], v, rtol=0, atol=0)
 
 
-def test_meta_build_then_reload_pretrained(tiny_source):
+@pytest.mark.parametrize("then", ["materialize", "on_fit_start", "on_validation_start", "on_test_start"])
+def test_meta_build_then_reload_pretrained(tiny_source, then):
+    """A model built on the meta device holds the source's pretrained backbone once it is materialised: by
+    materialize() (what MMTEStrategy calls after parallelising), or, where something else materialised it
+    (to_empty + reset_parameters: random values), at the start of fit, validate or test."""
     path, src = tiny_source
     m = MMTEModule(TOKS, "tiny", HEADS, backbone_weights=os.fspath(path), data_info={"num_classes": 10})
     with torch.device("meta"):
         m.configure_model()
-    assert m.model.backbone.layers["0"].self_attention.proj.weight.is_meta and m._needs_reload
-    m.model.to_empty(device="cpu")
-    m.model.reset_parameters()
-    m._reload_pretrained()
+    assert m.model.backbone.layers["0"].self_attention.proj.weight.is_meta
+    if then == "materialize":
+        m.materialize("cpu")
+    else:
+        m.model.to_empty(device="cpu")
+        m.model.reset_parameters()
+        getattr(m, then)()
     for k, v in src.state_dict().items():
         torch.testing.assert_close(m.model.backbone.state_dict()[k], v, rtol=0, atol=0)
 

@@ -112,14 +112,33 @@ def test_writer_one_process_ids_order_and_formats(tmp_path):
 
 
 def test_writer_refuses_arrays_in_csv_and_defaults_to_npz(tmp_path):
+    """A forecast (an array per item) does not fit a CSV cell: asking for .csv is refused with the fix, and
+    without an output the writer picks predictions.npz in the run folder, holding the arrays."""
+    from lightning.pytorch import LightningModule, Trainer
+
     from mmte.training.callbacks import PredictionWriter
 
-    w = PredictionWriter(str(tmp_path / "f.csv"))
-    w.table = {"id": ["t0", "t1"], "value": np.zeros((2, 96, 7), np.float32)}
+    class Forecaster(LightningModule):
+        def predict_step(self, batch, batch_idx):
+            return {"forecast": {"value": batch[0]}}
+
+    values = torch.randn(2, 96, 7)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(values), batch_size=2)
+
+    def predict(output):
+        trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                          callbacks=[PredictionWriter(output, print_rows=0)], default_root_dir=str(tmp_path))
+        trainer.predict(Forecaster(), loader, return_predictions=False)
+
     with pytest.raises(ValueError) as e:
-        w._write(str(tmp_path / "f.csv"), ["value"])
+        predict(str(tmp_path / "f.csv"))
     assert str(e.value) == ("predictions ['value'] are arrays of shape (96, 7) per item and do not fit CSV cells; write them to "
                             "--prediction_writer.output predictions.npz (or .parquet / .json)")
+    assert not (tmp_path / "f.csv").exists()
+    predict(None)
+    z = np.load(tmp_path / "predictions.npz")
+    assert z["id"].tolist() == [0, 1]
+    np.testing.assert_array_equal(z["value"], values.numpy())
     with pytest.raises(ValueError, match=r"^prediction output must end in \.csv, \.parquet, \.json, \.npz; got 'p\.txt'$"):
         PredictionWriter("p.txt")
 
