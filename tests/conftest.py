@@ -57,7 +57,7 @@ def _seed():
 #  * each worker, and every process a test starts from it (``mmte fit`` subprocesses, distributed ranks),
 #    gets cores // workers torch threads, so workers never oversubscribe the cores (an OpenMP team that
 #    waits on a descheduled thread turns a millisecond op into a time slice);
-#  * the files holding multi-process / multi-minute tests (``slow``) are handed out first, so the
+#  * the files are handed out longest first (their measured seconds: tests/file_durations.py), so the
 #    longest file is not the last one started.
 # ``-n 0`` (or ``-p no:xdist``) runs everything in this process, e.g. for a single test.
 def pytest_configure(config):
@@ -72,5 +72,6 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    slow_files = {str(it.path) for it in items if it.get_closest_marker("slow")}
-    items.sort(key=lambda it: str(it.path) not in slow_files)  # stable: the order within each part is kept
+    from tests.file_durations import order
+
+    order(items, REPO)

@@ -23,6 +23,7 @@ import gc
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -121,8 +122,10 @@ def main() -> None:
     # the process group starts inside the first fit; SLURM launches set SLURM_PROCID, torchrun RANK
     env_rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
     for name, args in runs.items():
+        started = time.perf_counter()
         try:
             results[name] = run(args)
+            results[name]["wall_s"] = round(time.perf_counter() - started, 2)
         except Exception as e:  # noqa: BLE001 - reported to the test, then the launch ends
             traceback.print_exc()
             results[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}

@@ -1,7 +1,8 @@
-"""Fit the tiny test model with Lightning + MMTEStrategy; rank 0 writes the per-step losses as JSON.
+"""Fit the tiny test model with Lightning + MMTEStrategy under several layouts in one launch; rank 0 writes
+each layout's per-step losses (then the validation loss after them) as JSON.
 
-Usage: python tests/parallel/lightning_fit.py OUT.json '{"tp": 2}' [steps]
-(Lightning re-launches this script once per device.)
+Usage: torchrun --nproc_per_node 2 tests/parallel/lightning_fit.py OUT.json '{"tp2": {"tp": 2}, ...}' [steps]
+(every rank fits each layout in turn: one start-up and one process group for all of them).
 """
 
 from __future__ import annotations
@@ -75,32 +76,34 @@ def main() -> None:
         faulthandler.dump_traceback_later(float(os.environ["MMTE_FAULT"]), exit=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
-    out, spec = sys.argv[1], json.loads(sys.argv[2])
+    out, specs = sys.argv[1], json.loads(sys.argv[2])
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 4
     from mmte.training.strategy import MMTEStrategy
 
-    devices = spec.pop("devices", 2)
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=devices,
-        strategy=MMTEStrategy(**spec),
-        max_steps=steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        check_val_every_n_epoch=1,
-        default_root_dir=os.path.dirname(out),
-        use_distributed_sampler=False,  # every rank (dp=1) reads the same, unshuffled batches as the reference
-    )
-    module = TinyModule()
-    trainer.fit(module, data(steps), data(1))
-    if trainer.global_rank == 0 and "val_loss" in trainer.callback_metrics:
-        module.losses.append(float(trainer.callback_metrics["val_loss"]))  # after the last step
-    if trainer.global_rank == 0:
+    results = {}
+    for name, spec in specs.items():
+        trainer = L.Trainer(
+            accelerator="cpu",
+            devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+            strategy=MMTEStrategy(**spec),
+            max_steps=steps,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            check_val_every_n_epoch=1,
+            default_root_dir=os.path.dirname(out),
+            use_distributed_sampler=False,  # every rank (dp=1) reads the same, unshuffled batches as the reference
+        )
+        module = TinyModule()
+        trainer.fit(module, data(steps), data(1))
+        if "val_loss" in trainer.callback_metrics:
+            module.losses.append(float(trainer.callback_metrics["val_loss"]))  # after the last step
+        results[name] = module.losses
+    if int(os.environ.get("RANK", "0")) == 0:
         with open(out, "w") as f:
-            json.dump(module.losses, f)
+            json.dump(results, f)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,7 @@ again a step's ranks together hold one process's batch. (With a multiple, each r
 own: every row once an epoch, as ``tests/training/test_hf_stream.py`` asserts, but other batches than one
 process's.) The head has no dropout, so the ranks' random streams do not enter the loss.
 
-The runs go through ``tests/parallel/test_composition.py``'s :func:`launch`: one launch per world size over
-the runs of every test selected here.
+The runs of the selected cases share one launch per world size (the ``runs`` fixture, tests/parallel/conftest.py).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.parallel.test_composition import PARALLEL, _dp, _world, _worst_gap, launch_partial
+from tests.parallel._plans import PARALLEL, dp, plan, world_size, worst_gap
 from tests.training.hf_fixtures import table_config, write_table_shards
 
 ROWS, SHARDS, BATCH, STEPS = 192, 3, 16, 6
@@ -36,41 +35,26 @@ def _args(tmp: Path, name: str, read: str, dp: int) -> list[str]:
             "--trainer.default_root_dir", str(tmp / name)]
 
 
-@pytest.fixture(scope="module")
-def hf_runs(request, tmp_path_factory) -> dict:
-    """One process's run of each way of reading, then every selected (fragment, reading) case, one launch per world size."""
-    tmp = tmp_path_factory.mktemp("hf-composition")
-    write_table_shards(tmp / "shards", ROWS, SHARDS)
-    (tmp / "hf.yaml").write_text(yaml.safe_dump(table_config(tmp / "shards", streaming=False, batch_size=BATCH, head_dropout=0.0)))
-    cases = sorted({tuple(item.callspec.params["case"]) for item in request.session.items
-                    if Path(item.path) == Path(request.module.__file__) and hasattr(item, "callspec") and "case" in item.callspec.params})
-    by_world: dict[int, dict[str, list[str]]] = {1: {f"hf-one-{read}": _args(tmp, f"hf-one-{read}", read, 1) for _, read in cases}}
-    for frag, read in cases:
-        by_world.setdefault(_world(frag), {})[f"hf-{frag}-{read}"] = _args(tmp, f"hf-{frag}-{read}", read, _dp(frag)) + ["--config", str(PARALLEL[frag])]
-    results, failures = {}, {}
-    for world, named in sorted(by_world.items()):
-        got, failure = launch_partial(world, named, tmp / f"launch{world}", 900 + 60 * len(named))
-        results.update(got)
-        if failure:
-            failures.update(dict.fromkeys(named, failure))
-    return {"results": results, "failures": failures}
-
-
-def _run(hf_runs: dict, name: str) -> dict:
-    r = hf_runs["results"].get(name)
-    assert r is not None and "error" not in r, (name, r, hf_runs["failures"].get(name, "not planned"))
-    assert "last.ckpt" in r["checkpoints"], (name, r["checkpoints"])
-    return r
+@plan("test_hf_data_under_a_parallel_fragment_trains_like_one_process")
+def _plan_hf(tmp: Path, case: tuple[str, str]) -> dict[int, dict[str, list[str]]]:
+    """One process's run of the case's way of reading, and the case under its fragment (the shards and the
+    recipe file are written once, under the file's run folder)."""
+    if not (tmp / "hf.yaml").is_file():
+        write_table_shards(tmp / "shards", ROWS, SHARDS)
+        (tmp / "hf.yaml").write_text(yaml.safe_dump(table_config(tmp / "shards", streaming=False, batch_size=BATCH, head_dropout=0.0)))
+    frag, read = case
+    return {1: {f"hf-one-{read}": _args(tmp, f"hf-one-{read}", read, 1)},
+            world_size(frag): {f"hf-{frag}-{read}": _args(tmp, f"hf-{frag}-{read}", read, dp(frag)) + ["--config", str(PARALLEL[frag])]}}
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("case", CASES, ids=[f"{f}-{r}" for f, r in CASES])
-def test_hf_data_under_a_parallel_fragment_trains_like_one_process(case, hf_runs):
+def test_hf_data_under_a_parallel_fragment_trains_like_one_process(case, runs):
     frag, read = case
-    ref, r = _run(hf_runs, f"hf-one-{read}"), _run(hf_runs, f"hf-{frag}-{read}")
+    ref, r = runs[f"hf-one-{read}"], runs[f"hf-{frag}-{read}"]
     assert len(r["losses"]) == len(ref["losses"]) == STEPS, (r["losses"], ref["losses"])
-    worst = _worst_gap(r["losses"], ref["losses"])
+    worst = worst_gap(r["losses"], ref["losses"])
     assert worst <= 1e-4, (frag, read, worst, r["losses"], ref["losses"])
     assert sorted(r["trainable_abs_sums"]) == sorted(ref["trainable_abs_sums"])
     for k, v in ref["trainable_abs_sums"].items():

@@ -131,12 +131,14 @@ def test_musa_registration_is_guarded():
         MUSAAccelerator().setup_device(torch.device("cpu"))
 
 
-def _fit(tmp_path: Path, name: str, spec: dict, steps: int) -> list[float]:
-    out = tmp_path / f"{name}.json"
+def _fit(tmp_path: Path, specs: dict[str, dict], steps: int) -> dict[str, list[float]]:
+    """Each layout's losses from one 2-process ``torchrun`` launch of tests/parallel/lightning_fit.py."""
+    out = tmp_path / "losses.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     proc = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "parallel" / "lightning_fit.py"), str(out), json.dumps(spec), str(steps)],
-        check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200,
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(29400 + os.getpid() % 500),
+         str(REPO / "tests" / "parallel" / "lightning_fit.py"), str(out), json.dumps(specs), str(steps)],
+        check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0 and out.exists(), proc.stderr[-4000:]
     return json.loads(out.read_text())
@@ -148,14 +150,15 @@ def test_lightning_fit_tp2_pp2_and_zbv_match_single_process(tmp_path):
     from .lightning_fit import reference
 
     want = reference(4)  # 4 training losses, then the validation loss after them
-    for name, spec in {
+    got = _fit(tmp_path, {
         "tp2": {"tp": 2, "sequence_parallel": True, "dp_shard": 1},
         "pp2": {"pp": 2, "pp_schedule": "1f1b", "microbatches": 2, "dp_shard": 1},
         "pp2_zbv": {"pp": 2, "pp_schedule": "zbv", "microbatches": 4, "dp_shard": 1},
-    }.items():
-        got = _fit(tmp_path, name, spec, 4)
+    }, 4)
+    assert sorted(got) == ["pp2", "pp2_zbv", "tp2"]
+    for name, losses in got.items():
         # validation runs forward-only through the stages under every schedule, V-shaped ones included
-        assert got == pytest.approx(want, abs=1e-4), (name, got, want)
+        assert losses == pytest.approx(want, abs=1e-4), (name, losses, want)
 
 
 @pytest.mark.slow

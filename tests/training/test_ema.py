@@ -1,7 +1,7 @@
 """``model.ema_decay``: the weight average on the ETTh1 recipe through ``mmte fit`` (the real CLI class,
 MMTEModule and MetaTransformer), against a naive average kept by a callback from the live weights after
 every optimizer step; validation, the checkpoint's weights, ``test(ckpt_path=...)`` and ``load_from_checkpoint``
-see the average. Resume after SIGKILL is in tests/test_cli.py, sharded runs in tests/parallel/test_composition.py."""
+see the average. Resume after SIGKILL is in tests/cli/test_verbs.py, sharded runs in tests/parallel/test_composition.py."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ uninterrupted run (fp32, same seed: within 1e-6), mid-epoch (the data loader's p
 generators are restored; the head's dropout makes the generators matter) and at an epoch's end.
 
 A marker callback prints ``MMTE-TEST step N`` at global step N and waits until the signal has arrived, so the
-step at which the run stops is exact, not a race. (SIGKILL: tests/test_cli.py.)"""
+step at which the run stops is exact, not a race. (SIGKILL: tests/cli/test_verbs.py.)"""
 
 from __future__ import annotations
 

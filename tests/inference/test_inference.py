@@ -14,7 +14,7 @@ from mmte import device as mdev
 from mmte.inference import InferenceModel, optimize, resolve_dtype
 from mmte.model import MetaTransformer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "recipes" / "quickstart.yaml"
 TINY = ROOT / "configs" / "encoders" / "tiny.yaml"
 

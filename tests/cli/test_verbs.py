@@ -20,7 +20,7 @@ import torch
 
 from mmte.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "recipes" / "quickstart.yaml"
 TINY = ROOT / "configs" / "encoders" / "tiny.yaml"
 FAST = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
@@ -205,14 +205,16 @@ def test_resume_after_sigkill_matches_uninterrupted(tmp_path, ema):
     else:
         common += ["--model.ema_decay", "0.9"]
 
-    def run(root, *extra):
-        return subprocess.run([*common, "--trainer.default_root_dir", str(root), *extra], env=env, capture_output=True, text=True, timeout=600,
-                              check=False)
+    def start(root, *extra):
+        return subprocess.Popen([*common, "--trainer.default_root_dir", str(root), *extra], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
 
-    a = run(tmp_path / "a")
-    assert a.returncode == 0, a.stderr[-2000:]
-    killed = run(tmp_path / "b", "--trainer.callbacks+=killer.KillAtEpoch")
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+
+    # the uninterrupted run and the one killed at epoch 2 are independent: they run at the same time
+    a, killed = start(tmp_path / "a"), start(tmp_path / "b", "--trainer.callbacks+=killer.KillAtEpoch")
+    a_err, killed_err = (p.communicate(timeout=600)[1] for p in (a, killed))
+    assert a.returncode == 0, a_err[-2000:]
+    assert killed.returncode == -signal.SIGKILL, killed_err[-2000:]
     ck = tmp_path / "b" / "checkpoints" / "last.ckpt"
     saved = torch.load(ck, weights_only=False)
     assert saved["epoch"] == 1 and saved["mmte"]["frozen"]["source"] == str(src)
@@ -226,8 +228,9 @@ def test_resume_after_sigkill_matches_uninterrupted(tmp_path, ema):
     head = next(k for k in avg if k.startswith("model.heads.") and k.endswith("weight"))
     assert not torch.equal(live[head], avg[head])  # the averaged weights are not the live ones
     assert not list((tmp_path / "b" / "checkpoints").glob(".tmp-*"))
-    resumed = run(tmp_path / "b", "--ckpt_path", "last")
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    resumed = start(tmp_path / "b", "--ckpt_path", "last")
+    resumed_err = resumed.communicate(timeout=600)[1]
+    assert resumed.returncode == 0, resumed_err[-2000:]
     ma, mb = _last_metrics(tmp_path / "a"), _last_metrics(tmp_path / "b")
     assert ma["epoch"] == mb["epoch"] == 2
     for k in ("val_loss", "val_acc", "train_loss_epoch"):
@@ -244,7 +247,7 @@ def test_entry_flags_merge_into_the_recipe_entry(capsys):
     replace the whole entry, dropping its name and other options silently); the same for tokenizers."""
     import yaml
 
-    recipe = str(Path(__file__).resolve().parents[1] / "recipes" / "etth1_forecast.yaml")
+    recipe = str(Path(__file__).resolve().parents[2] / "recipes" / "etth1_forecast.yaml")
     assert main(["fit", "--config", recipe, "--model.heads.forecast.dropout", "0.0", "--model.tokenizers.time_series.patch_len=8",
                  "--print_config"]) == 0
     model = yaml.safe_load(capsys.readouterr().out)["model"]
@@ -326,7 +329,7 @@ def test_command_line_trainer_precision_wins_over_the_recipe():
 def test_fit_without_checkpointing(tmp_path):
     """``--trainer.enable_checkpointing false`` trains and writes no checkpoint (mmte's checkpoint callback
     is left out; Lightning refuses the callback together with the flag)."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     assert main(["fit", "--config", str(root / "recipes" / "quickstart.yaml"), "--config", str(root / "configs" / "encoders" / "tiny.yaml"),
                  "--trainer.enable_checkpointing", "false", "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1",
                  "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path)]) == 0

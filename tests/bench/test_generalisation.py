@@ -133,7 +133,7 @@ def test_families_option_names_the_bad_value(bench, capsys):
 
 def test_resume_goes_on_from_the_last_checkpoint(bench, tmp_path, monkeypatch):
     """--resume hands each run mmte's own ``--ckpt_path last`` (resolved under the run's root; a run with no
-    checkpoint yet starts from scratch: tests/test_cli.py checks both)."""
+    checkpoint yet starts from scratch: tests/cli/test_verbs.py checks both)."""
     import mmte.cli
 
     seen = []
