@@ -131,8 +131,9 @@ def _make_sampler(opts: TuneOptions) -> Any:
     return optuna.samplers.TPESampler(seed=opts.seed)
 
 
-def open_study(opts: TuneOptions) -> Any:
-    """Create the study or load it from its storage, checking a loaded one tunes the same metric."""
+def open_study(opts: TuneOptions, sampler: Any = None) -> Any:
+    """Create the study or load it from its storage, checking a loaded one tunes the same metric
+    (``sampler``: one :func:`_make_sampler` already built from ``opts``, else it is built here)."""
     import optuna
 
     from .storage import make_pruner
@@ -140,7 +141,7 @@ def open_study(opts: TuneOptions) -> Any:
     direction = "maximize" if opts.mode == "max" else "minimize"
     storage = open_storage(opts.storage_url)
     study = optuna.create_study(storage=storage, study_name=opts.study, direction=direction, load_if_exists=True,
-                                sampler=_make_sampler(opts), pruner=make_pruner(_pruner_settings(opts)))
+                                sampler=sampler or _make_sampler(opts), pruner=make_pruner(_pruner_settings(opts)))
     known = study.user_attrs.get("metric")
     if known is not None and (known != opts.metric or study.direction.name.lower() != direction):
         raise UsageError(f"study {opts.study!r} in {opts.storage_url} tunes {known} ({study.direction.name.lower()})",
@@ -211,12 +212,13 @@ def run_study(opts: TuneOptions) -> Any:
     still missing from the study; returns the study."""
     import optuna
 
+    sampler = _make_sampler(opts)  # a space the sampler cannot take is one error line before the pre-flight run
     checked = command_fingerprint(opts)
     if _stored_attr(opts, _CHECKED_ATTR) == checked:
         logger.info("the pre-flight run passed for this study's command and recipe files before; not repeated")
     else:
         preflight(opts)
-    study = open_study(opts)
+    study = open_study(opts, sampler)
     study.set_user_attr(_CHECKED_ATTR, checked)
     done = requeue_interrupted(study)
     todo = max(0, opts.trials - done)

@@ -125,7 +125,8 @@ def _tune(tmp_path, *args: str) -> list[str]:
     ("model.lr: [1, 2]\n", ["--tune.sampler", "grid"], "--tune.sampler grid: model.lr is a range"),
     ("model.lr: [1, 2]\n", ["--tune.triles", "3"], "unknown option '--tune.triles'"),
 ])
-def test_bad_tune_input_is_one_error_line_before_any_trial(tmp_path, capsys, space, flags, message):
+def test_bad_tune_input_is_one_error_line_before_any_trial(tmp_path, capsys, monkeypatch, space, flags, message):
+    monkeypatch.setattr("mmte.tune.study.preflight", lambda opts: pytest.fail("the pre-flight mmte validate run started"))
     (tmp_path / "space.yaml").write_text(space)
     args = _tune(tmp_path, "--tune.space", str(tmp_path / "space.yaml"), *(["--tune.trials", "2"] if "--tune.trials" not in flags else []), *flags)
     assert main(args) == 2
