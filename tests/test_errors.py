@@ -228,12 +228,13 @@ def test_console_exit_status_and_debug_traceback(tmp_path):
     """``python -m mmte`` exits with main's status (it used to print the line and exit 0); MMTE_DEBUG=1 shows the
     traceback instead of the line."""
     cmd = [sys.executable, "-m", "mmte", "fit", *QUICK, "--data.init_args.batch_size", "0", "--trainer.default_root_dir", str(tmp_path / "r")]
-    p = subprocess.run(cmd, check=False, env=_env(), capture_output=True, text=True, timeout=300)
-    assert p.returncode == 2, p.stderr[-2000:]
-    assert p.stderr.strip().splitlines()[-1] == "mmte: error: batch_size must be a positive int; got 0" and "Traceback" not in p.stderr
-    d = subprocess.run(cmd, check=False, env=_env(MMTE_DEBUG="1"), capture_output=True, text=True, timeout=300)
-    assert d.returncode == 1 and "Traceback (most recent call last)" in d.stderr, d.stderr[-2000:]
-    assert "ValueError: batch_size must be a positive int; got 0" in d.stderr and "mmte: error:" not in d.stderr
+    plain, debug = (subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # at the same time
+                    for env in (_env(), _env(MMTE_DEBUG="1")))
+    p_err, d_err = plain.communicate(timeout=300)[1], debug.communicate(timeout=300)[1]
+    assert plain.returncode == 2, p_err[-2000:]
+    assert p_err.strip().splitlines()[-1] == "mmte: error: batch_size must be a positive int; got 0" and "Traceback" not in p_err
+    assert debug.returncode == 1 and "Traceback (most recent call last)" in d_err, d_err[-2000:]
+    assert "ValueError: batch_size must be a positive int; got 0" in d_err and "mmte: error:" not in d_err
     assert not (tmp_path / "r").exists()
 
 

@@ -19,6 +19,8 @@ from mmte.serve.client import Job, get, post, rss_mb, run_load
 
 from .conftest import FP32, predict, serving
 
+pytestmark = pytest.mark.slow  # each test talks to one `mmte serve` process (the server and its worker process)
+
 pytest.importorskip("litserve")
 
 #: fp32: a served probability against mmte predict's (predict batches 256 items, the server 1-16)
@@ -104,7 +106,6 @@ def test_probabilities_equal_mmte_predict_one_at_a_time(served):
         assert status == 200 and body["pred"] == rows[i]["pred"] and abs(body["prob"] - float(rows[i]["prob"])) <= TOL, (body, rows[i])
 
 
-@pytest.mark.slow
 def test_a_thousand_requests_at_concurrency_32(served):
     """1,000 requests from 32 connections, 1% malformed: every good one predict's answer, every bad one a 4xx
     with its line, no 5xx, and the server's memory (all its processes) grows < 50 MB after a warm-up."""

@@ -10,6 +10,8 @@ from mmte.serve.client import Job, get, multipart, run_load
 
 from .conftest import predict, serving
 
+pytestmark = pytest.mark.slow  # trains, then starts an `mmte serve` process (the server and its worker process)
+
 pytest.importorskip("litserve")
 
 
