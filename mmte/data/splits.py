@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["group_split", "leave_one_group_out", "split_indices"]
+__all__ = ["carve_splits", "group_split", "leave_one_group_out", "split_indices"]
 
 
 def _check_fractions(val_fraction: float, test_fraction: float) -> None:
@@ -94,3 +94,38 @@ def leave_one_group_out(groups: Sequence[str]) -> list[tuple[str, list[int], lis
     for tr, te in LeaveOneGroupOut().split(np.zeros(len(g)), groups=g):
         folds.append((str(g[te[0]]), tr.tolist(), te.tolist()))
     return sorted(folds)
+
+
+def carve_splits(n: int, selected: dict[str, Sequence[int]], fractions: dict[str, float], seed: int = 0,
+                 groups: Sequence[str] | None = None, labels: Sequence[str] | None = None) -> dict[str, list[int]]:
+    """Row indices ``{"train", "val", "test"}`` of ``n`` rows of one training source.
+
+    A split named in ``selected`` takes the rows it selects (by file pattern, group list or split column;
+    test first, then val, each from the rows still left); the splits named in ``fractions`` are then drawn
+    from what is left: whole groups when ``groups`` (one per row) is given (:func:`group_split`), else a
+    split stratified by ``labels`` (:func:`split_indices`); train keeps the rest. The order of each list
+    is the rows' order.
+    """
+    left = list(range(n))
+    out: dict[str, list[int]] = {"train": [], "val": [], "test": []}
+    for s in ("test", "val"):
+        if s in selected:
+            wanted = set(selected[s])
+            out[s] = [i for i in left if i in wanted]
+            left = [i for i in left if i not in wanted]
+    if any(fractions.values()):
+        vf, tf = fractions.get("val", 0.0), fractions.get("test", 0.0)
+        if groups is not None:
+            parts = group_split([groups[i] for i in left], vf, tf, seed)
+            for s in fractions:
+                held = set(parts[s])
+                out[s] = [i for i in left if groups[i] in held]
+        else:
+            rows = labels if labels is not None else ["0"] * n
+            drawn = split_indices([rows[i] for i in left], vf, tf, seed)
+            for s in fractions:
+                out[s] = [left[j] for j in drawn[s]]
+        held = {i for s in fractions for i in out[s]}
+        left = [i for i in left if i not in held]
+    out["train"] = left
+    return out

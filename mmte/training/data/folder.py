@@ -12,7 +12,7 @@ import torch
 
 from ...data import datasets as mds
 from ...data.normalize import group_moments, stream_moments
-from ...data.splits import group_split, leave_one_group_out, split_indices
+from ...data.splits import carve_splits, leave_one_group_out
 from ...tokenizers.registry import get_modality
 from .base import MMTEDataModule, preprocess_fn
 
@@ -226,8 +226,7 @@ class FolderDataModule(MMTEDataModule):
         pool = self._pool()
         names, labels, groups = pool["name"], pool["label"], pool["group"]
         where = f"{self._pool_option} {os.fspath(self.sources['train'])!r}"
-        left = list(range(len(names)))
-        out: dict[str, list[int]] = {"train": [], "val": [], "test": []}
+        selected: dict[str, list[int]] = {}
         fraction: dict[str, float] = {}
         if self.group_regex is not None:
             known = set(groups)
@@ -242,35 +241,19 @@ class FolderDataModule(MMTEDataModule):
             chosen = getattr(self, f"{s}_groups")
             if rx is not None:
                 r = re.compile(rx)
-                take = [i for i in left if r.search(names[i])]
+                selected[s] = [i for i, name in enumerate(names) if r.search(name)]
                 self._why_empty[s] = f"{s}_regex {rx!r} matches no file of {where}"
             elif chosen is not None:
-                take = [i for i in left if groups[i] in set(chosen)]
+                selected[s] = [i for i, g in enumerate(groups) if g in set(chosen)]
                 self._why_empty[s] = f"{s}_groups {chosen} hold no file of {where}"
             else:
-                f = getattr(self, f"{s}_fraction")
-                fraction[s] = f
-                self._why_empty[s] = f"no {s} source, {s}_regex or {s}_groups is set and {s}_fraction is {f}"
-                continue
-            out[s] = take
-            taken = set(take)
-            left = [i for i in left if i not in taken]
-        if any(fraction.values()):
-            vf, tf = fraction.get("val", 0.0), fraction.get("test", 0.0)
-            if self.group_regex is not None:
-                parts = group_split([groups[i] for i in left], vf, tf, self.seed)
-                for s in ("val", "test"):
-                    if s in fraction:
-                        out[s] = [i for i in left if groups[i] in set(parts[s])]
-                        logger.info("%s split: group(s) %s held out (%d files)", s, parts[s], len(out[s]))
-            else:
-                sp = split_indices([labels[i] for i in left], vf, tf, self.seed)
-                for s in ("val", "test"):
-                    if s in fraction:
-                        out[s] = [left[j] for j in sp[s]]
-            held = {i for s in ("val", "test") for i in out[s]}
-            left = [i for i in left if i not in held]
-        out["train"] = left
+                fraction[s] = getattr(self, f"{s}_fraction")
+                self._why_empty[s] = f"no {s} source, {s}_regex or {s}_groups is set and {s}_fraction is {fraction[s]}"
+        by_group = self.group_regex is not None
+        out = carve_splits(len(names), selected, fraction, self.seed, groups=groups if by_group else None, labels=labels)
+        if by_group and any(fraction.values()):
+            for s in fraction:
+                logger.info("%s split: group(s) %s held out (%d files)", s, sorted({groups[i] for i in out[s]}), len(out[s]))
         self._why_empty["train"] = f"every file of {where} went to the held-out splits"
         self._assign = out
         return out

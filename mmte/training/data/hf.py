@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 from ...data import collate_batch
 from ...data import datasets as mds
 from ...data import hf_source as hfs
-from ...data.splits import group_split, split_indices
+from ...data.splits import carve_splits
 from ...tokenizers.registry import get_modality
 from .base import SPLITS, IndexedItems, MMTEDataModule, preprocess_fn
 from .folder import _cropping_collate
@@ -325,8 +325,7 @@ class HFDataModule(MMTEDataModule):
             return self._assign
         ds = self._train_raw()
         n = len(ds)
-        left = list(range(n))
-        out: dict[str, list[int]] = {"train": [], "val": [], "test": []}
+        selected: dict[str, list[int]] = {}
         fraction: dict[str, float] = {}
         carve = [s for s in ("test", "val") if self._own_split(s) is None]
         groups = [str(g) for g in ds[self.group_column]] if self.group_column else None
@@ -336,40 +335,23 @@ class HFDataModule(MMTEDataModule):
                 unknown = sorted(set(gl or []) - known)
                 if unknown:
                     raise ValueError(f"{opt} {unknown} are not groups of column {self.group_column!r} of dataset {self.path!r}; it has {sorted(known)}")
+        split_col = [str(v).lower() for v in ds[self.split_column]] if self.split_column else None
         for s in carve:
             chosen = getattr(self, f"{s}_groups")
-            if self.split_column:
+            if split_col is not None:
                 names = {"val": ("val", "valid", "validation"), "test": ("test",)}[s]
-                col = [str(v).lower() for v in ds[self.split_column]]
-                take = [i for i in left if col[i] in names]
+                selected[s] = [i for i, v in enumerate(split_col) if v in names]
                 self._why_empty[s] = f"split_column {self.split_column!r} names no {s} row"
             elif chosen is not None:
-                take = [i for i in left if groups[i] in set(chosen)]
+                selected[s] = [i for i, g in enumerate(groups) if g in set(chosen)]
                 self._why_empty[s] = f"{s}_groups {chosen} hold no row"
             else:
                 fraction[s] = getattr(self, f"{s}_fraction")
                 self._why_empty[s] = f"the dataset has no {s} split and {s}_fraction is {fraction[s]}"
-                continue
-            out[s] = take
-            taken = set(take)
-            left = [i for i in left if i not in taken]
-        if any(fraction.values()):
-            vf, tf = fraction.get("val", 0.0), fraction.get("test", 0.0)
-            if groups is not None:
-                parts = group_split([groups[i] for i in left], vf, tf, self.seed)
-                for s in fraction:
-                    out[s] = [i for i in left if groups[i] in set(parts[s])]
-            else:
-                labels = [str(v) for v in ds[self.label_column]] if self.task == "classification" else ["0"] * n
-                sp = split_indices([labels[i] for i in left], vf, tf, self.seed)
-                for s in fraction:
-                    out[s] = [left[j] for j in sp[s]]
-            held = {i for s in fraction for i in out[s]}
-            left = [i for i in left if i not in held]
-        if self.split_column:
-            col = [str(v).lower() for v in ds[self.split_column]]
-            left = [i for i in left if col[i] == "train"]
-        out["train"] = left
+        labels = [str(v) for v in ds[self.label_column]] if self.task == "classification" and fraction and groups is None else None
+        out = carve_splits(n, selected, fraction, self.seed, groups=groups, labels=labels)
+        if split_col is not None:
+            out["train"] = [i for i in out["train"] if split_col[i] == "train"]
         self._why_empty["train"] = f"every row of split {self.train_split!r} went to the held-out splits"
         self._assign = out
         return out
