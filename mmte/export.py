@@ -4,7 +4,10 @@ A :class:`~mmte.model.MetaTransformer` takes a dict batch and returns a dict of 
 exported graphs take and return flat tensors. :class:`FlatModel` does the translation with names:
 inputs ``image``, ``text.input_ids``, ... (a modality's tensor, or each tensor of a modality's dict,
 in the batch's order), outputs ``digit``, ``clip.image``, ... (each head's tensor, or each tensor of
-its dict). The batch dimension is exported as dynamic.
+its dict). The batch dimension is exported as dynamic, and so is every dimension a tokenizer declares
+variable (an audio clip's frames: ``export_dims``); the others are fixed at the example batch's sizes.
+Data-dependent input checks (a clip shorter than a patch) are skipped while exporting: the exported
+graph does not validate values.
 
 Every export is checked against the eager model on a real batch: the exported program (onnxruntime
 for ONNX, the reloaded ``.pt2`` for ``torch.export``) runs the same inputs and the largest absolute
@@ -20,9 +23,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -102,17 +106,32 @@ class ExportResult:
     input_names: list[str]
     output_names: list[str]
     batch_size: int
+    dynamic_dims: list[str] = field(default_factory=list)  # besides the batch, e.g. "audio.fbank dim 1"
 
     def summary(self) -> str:
+        dyn = "".join(f", {d}" for d in self.dynamic_dims)
         return (
-            f"wrote {self.path} ({self.format}; inputs {self.input_names}, outputs {self.output_names}, dynamic batch): "
+            f"wrote {self.path} ({self.format}; inputs {self.input_names}, outputs {self.output_names}, dynamic batch{dyn}): "
             f"max abs diff vs the eager model {self.max_abs_diff:.3g} on a batch of {self.batch_size}"
         )
 
 
 def _dynamic_shapes(flat: FlatModel):
+    """The batch dimension of every input, and the dimensions a tokenizer declares variable
+    (:meth:`~mmte.tokenizers.base.ModalityTokenizer.export_dims`, e.g. an audio clip's frames) where the
+    example's size lies in the declared range; every other dimension is fixed at the example's size."""
     batch = torch.export.Dim("batch", min=1, max=65536)
-    return {"inputs": tuple({0: batch} for _ in flat.example_inputs)}  # forward(*inputs)
+    tokenizers = dict(getattr(flat.model, "tokenizers", {}).items())
+    specs = []
+    for name, t in zip(flat.input_names, flat.example_inputs, strict=True):
+        modality, _, key = name.partition(".")
+        tok = tokenizers.get(modality)
+        spec = {0: batch}
+        for d, (lo, hi) in (tok.export_dims().get(key, {}) if hasattr(tok, "export_dims") else {}).items():
+            if d < t.dim() and lo <= t.shape[d] <= hi:
+                spec[d] = torch.export.Dim(re.sub(r"\W", "_", f"{name}_{d}"), min=lo, max=hi)
+        specs.append(spec)
+    return {"inputs": tuple(specs)}  # forward(*inputs)
 
 
 def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
@@ -154,6 +173,8 @@ def export(model: nn.Module, batch: Mapping[str, Any], path: str | os.PathLike, 
     flat = FlatModel(model, batch)
     args = flat.example_inputs
     n = int(args[0].shape[0])
+    shapes = _dynamic_shapes(flat)
+    dynamic = [f"{name} dim {d}" for name, spec in zip(flat.input_names, shapes["inputs"], strict=True) for d in spec if d]
     with torch.no_grad():
         ref = list(flat(*args))
     os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
@@ -162,7 +183,7 @@ def export(model: nn.Module, batch: Mapping[str, Any], path: str | os.PathLike, 
         import onnxruntime as ort
 
         prog = torch.onnx.export(
-            flat, args, dynamo=True, dynamic_shapes=_dynamic_shapes(flat), input_names=flat.input_names,
+            flat, args, dynamo=True, dynamic_shapes=shapes, input_names=flat.input_names,
             output_names=flat.output_names, opset_version=opset, optimize=True, verbose=False,
         )
         prog.save(tmp)
@@ -171,13 +192,13 @@ def export(model: nn.Module, batch: Mapping[str, Any], path: str | os.PathLike, 
         got = sess.run(None, {name: t.numpy() for name, t in zip(flat.input_names, args, strict=True)})
     else:
         with torch.no_grad():
-            ep = torch.export.export(flat, args, dynamic_shapes=_dynamic_shapes(flat))
+            ep = torch.export.export(flat, args, dynamic_shapes=shapes)
         torch.export.save(ep, tmp)
         os.replace(tmp, path)
         loaded = torch.export.load(path).module()
         with torch.no_grad():
             got = list(loaded(*args))
-    res = ExportResult(path, fmt, _max_diff(ref, got), flat.input_names, flat.output_names, n)
+    res = ExportResult(path, fmt, _max_diff(ref, got), flat.input_names, flat.output_names, n, dynamic)
     logger.info("exported %s to %s: max abs diff vs eager %.3g", type(model).__name__, path, res.max_abs_diff)
     return res
 

@@ -107,7 +107,7 @@ def _dtype_name(module: Any) -> str:
 class OnnxRunner:
     """An ``mmte export`` ONNX graph behind :meth:`MMTEModule.predict_step`'s inference call (dict batch -> head outputs).
 
-    A dimension the graph fixed (all but the batch) is padded up to its size when a batch is shorter
+    A dimension the graph fixed (all but the batch and an audio clip's frames) is padded up to its size when a batch is shorter
     (zeros; a mask input pads with False, so the padding stays hidden).
     """
 

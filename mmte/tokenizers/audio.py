@@ -224,6 +224,12 @@ class AudioTokenizer(ModalityTokenizer):
             return self.num_prefix_tokens + _grid(_grid(frames, 3, 2), 3, 2)
         return self.num_prefix_tokens + self.freq_grid * _grid(frames, self.patch_time, self.stride_time)
 
+    def export_dims(self) -> dict[str, dict[int, tuple[int, int]]]:
+        """The fbank's frames (dim 1) vary from clip to clip: an exported graph takes any length the
+        tokenizer does, from the patch's frames (at least 2: the exporter specialises sizes 0 and 1) to
+        ``max_frames``."""
+        return {"fbank": {1: (max(2, self.patch_time), self.max_frames)}}
+
     def fbank(self, waveform: torch.Tensor, lengths: torch.Tensor | None = None, sample_rate: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Waveforms ``[B, S]`` -> padded fbank ``[B, T, F]`` and frame counts ``[B]`` (per-sample Kaldi fbank)."""
         from ..data.audio import collate_audio, compute_fbank
@@ -286,7 +292,7 @@ class AudioTokenizer(ModalityTokenizer):
         x = (x + self.pos_embed[:, :tg]).flatten(1, 2)
         mask = None
         if frames is not None:
-            if bool((frames < self.patch_time).any()):
+            if not torch.compiler.is_exporting() and bool((frames < self.patch_time).any()):  # exported graphs: no data-dependent check
                 raise ValueError(f"every clip needs >= {self.patch_time} frames (patch_size={self.patch_size!r}); got frames {frames.tolist()}")
             real_t = torch.arange(tg, device=x.device)[None] * self.stride_time + self.patch_time <= frames[:, None].to(x.device)
             mask = real_t[:, :, None].expand(b, tg, self.freq_grid).flatten(1)

@@ -45,3 +45,10 @@ class ModalityTokenizer(nn.Module):
 
     def reset_parameters(self) -> None:  # pragma: no cover - subclasses implement
         raise NotImplementedError(f"{type(self).__name__} must implement reset_parameters()")
+
+    def export_dims(self) -> dict[str, dict[int, tuple[int, int]]]:
+        """The input dimensions other than the batch that vary from sample to sample (a clip's frames), as
+        ``{input key: {dim: (min, max)}}``: :func:`mmte.export.export` keeps them dynamic in the exported
+        graph, which then takes any size in that range. None are declared by default: an exported graph
+        fixes every other dimension at the example batch's size."""
+        return {}
