@@ -7,7 +7,10 @@ dtype, called under ``torch.inference_mode``:
 * ``"bf16"``: the backbones' parameters are stored in bfloat16 and their activations run in bf16
   (``Backbone.compute_dtype``; tokens are cast on the way in and the hidden states back to fp32 on the
   way out), so the GEMMs use the CPU's bf16 units with no per-call weight cast. Tokenizers and heads
-  (small, and where inputs and logits need the range) stay fp32.
+  (small, and where inputs and logits need the range) stay fp32, and the deep fixed stems of
+  :data:`~mmte.inference.fp32.KEPT_FP32` (the speech embedding's 20 convolutions) compute in fp32 even
+  under an autocast around the copy (``mmte predict`` under ``bf16-mixed``), so predict and serve get the
+  same features, those of the fp32 model (:func:`~mmte.inference.fp32.keep_fp32`; also for ``"fp8"``).
 * On CPUs the backbones are converted by :func:`mmte.inference.convert.prepack_stack`: GEMM weights
   (bf16 or fp32) prepacked once into oneDNN's blocked layout (:class:`~mmte.inference.PackedLinear`),
   which saves the per-call reorder that dominates small batches, and each layer run as one flat
@@ -41,6 +44,7 @@ from torch import nn
 from .. import device as mdev
 from ..te.stack import TransformerStack
 from .convert import prepack_stack
+from .fp32 import keep_fp32
 from .prepack import SMALL_ROWS
 
 logger = logging.getLogger(__name__)
@@ -157,6 +161,11 @@ def optimize(
 
         for b in backbones:
             convert(b, fp8_recipe, inference=True)
+    if want in ("bf16", "fp8"):
+        kept = keep_fp32(m)
+        if kept:
+            logger.info("kept %d speech-embedding stem(s) in fp32 (its convolutions; input cast to fp32, output back) "
+                        "while the backbone runs in %s", kept, want)
     compiled = None
     if compile:  # a second module tree over the same parameters, its layers compiled
         shared = {id(t): t for t in [*m.parameters(), *m.buffers()]}
