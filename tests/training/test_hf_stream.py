@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -22,49 +21,10 @@ from tests.training.hf_fixtures import table_config, write_table_shards
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS, SHARDS = 256, 4
-HELPER = textwrap.dedent(
-    """
-    import json, os, time
-    from lightning.pytorch import Callback
-
-    class SeenIds(Callback):
-        def __init__(self, out: str = "ids"):
-            self.out, self.ids = out, {}
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            self.ids.setdefault(str(trainer.current_epoch), []).extend(int(i) for i in batch["index"])
-
-        def on_train_end(self, trainer, pl_module):
-            with open(f"{self.out}-{trainer.global_rank}.json", "w") as fh:
-                json.dump(self.ids, fh)
-
-    class SignalAt(Callback):
-        def __init__(self, step: int = 6):
-            self.step = step
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            if trainer.global_step == self.step:
-                import signal
-
-                arrived = []
-                for s in (signal.SIGINT, signal.SIGTERM):  # note a signal's arrival, then hand it to mmte's handler
-                    def note(signum, frame, mmte_handler=signal.getsignal(s)):
-                        arrived.append(signum)
-                        mmte_handler(signum, frame)
-                    signal.signal(s, note)
-                print(f"MMTE-TEST step {trainer.global_step}", flush=True)
-                t = time.monotonic()
-                while not arrived and time.monotonic() - t < 120:
-                    time.sleep(0.01)
-    """
-)
-
-
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
     """``ROWS`` rows in ``SHARDS`` equal parquet shards (id, four numbers, a category, a ClassLabel label) and a validation file."""
     d = write_table_shards(tmp_path_factory.mktemp("stream"), ROWS, SHARDS)
-    (d / "helper.py").write_text(HELPER)
     (d / "stream.yaml").write_text(yaml.safe_dump(table_config(d, streaming=True)))
     return d
 
@@ -120,7 +80,7 @@ def test_ddp_ranks_read_disjoint_parts_every_row_once_per_epoch(shards, tmp_path
     root = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(29700 + os.getpid() % 200),
            *_fit_cmd(shards, root, "--config", str(ROOT / "configs" / "parallel" / "ddp.yaml"), "--data.init_args.batch_size", "8",
-                     "--trainer.callbacks+=helper.SeenIds", "--trainer.callbacks.out", str(tmp_path / "ids"))]
+                     "--trainer.callbacks+=tests.training.callbacks.SeenIds", "--trainer.callbacks.out", str(tmp_path / "ids"))]
     p = subprocess.run(cmd, cwd=ROOT, env=_env(shards), capture_output=True, text=True, timeout=900, check=False)
     assert p.returncode == 0, p.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"ids-{r}.json").read_text()) for r in (0, 1)]
@@ -137,7 +97,7 @@ def test_sigterm_mid_epoch_and_resume_equal_the_uninterrupted_run(shards, tmp_pa
     p = subprocess.run([sys.executable, *_fit_cmd(shards, full)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
     assert p.returncode == 0, p.stderr[-3000:]
     root = tmp_path / "cut"
-    proc = subprocess.Popen([sys.executable, *_fit_cmd(shards, root, "--trainer.callbacks+=helper.SignalAt", "--trainer.callbacks.step", "6")],
+    proc = subprocess.Popen([sys.executable, *_fit_cmd(shards, root, "--trainer.callbacks+=tests.training.callbacks.SignalAt", "--trainer.callbacks.step", "6")],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for line in proc.stdout:

@@ -13,38 +13,12 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-MARKER = textwrap.dedent(
-    """
-    import time
-    from lightning.pytorch import Callback
-
-    class SignalAt(Callback):
-        def __init__(self, step: int = 4):
-            self.step = step
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            if trainer.global_step == self.step:
-                import signal
-
-                arrived = []
-                for s in (signal.SIGINT, signal.SIGTERM):  # note a signal's arrival, then hand it to mmte's handler
-                    def note(signum, frame, mmte_handler=signal.getsignal(s)):
-                        arrived.append(signum)
-                        mmte_handler(signum, frame)
-                    signal.signal(s, note)
-                print(f"MMTE-TEST step {trainer.global_step}", flush=True)
-                t = time.monotonic()
-                while not arrived and time.monotonic() - t < 120:
-                    time.sleep(0.01)
-    """
-)
 ARGS = ["--config", str(ROOT / "recipes" / "quickstart.yaml"), "--config", str(ROOT / "configs" / "encoders" / "tiny.yaml"),
         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false", "--trainer.max_epochs", "2",
         "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "2", "--data.init_args.batch_size", "16",
@@ -61,10 +35,8 @@ def _last_metrics(root: Path) -> dict[str, float]:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory) -> dict[str, str]:
-    d = tmp_path_factory.mktemp("marker")
-    (d / "marker.py").write_text(MARKER)
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(d), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+def env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
 
 
 def _fit(env, root: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -98,7 +70,7 @@ def test_signal_saves_and_resume_matches_uninterrupted(env, uninterrupted, tmp_p
     averaged and live weights."""
     uninterrupted = uninterrupted(*extra)
     root = tmp_path / "run"
-    cmd = [sys.executable, "-m", "mmte", "fit", *ARGS, *extra, "--trainer.default_root_dir", str(root), "--trainer.callbacks+=marker.SignalAt",
+    cmd = [sys.executable, "-m", "mmte", "fit", *ARGS, *extra, "--trainer.default_root_dir", str(root), "--trainer.callbacks+=tests.training.callbacks.SignalAt",
            "--trainer.callbacks.step", str(step)]
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
