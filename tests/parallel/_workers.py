@@ -148,7 +148,7 @@ def tp_worker(rank: int, world: int, tmp: str) -> None:
     assert len(pairs) == 16, len(pairs)  # 4 layers x (qkv, proj, fc1, fc2)
     for a, b in pairs:
         for name in ("fp8_amax_history", "fp8_scale", "fp8_amax_pending"):
-            b._buffers[name] = getattr(a, name).clone()  # (TP replicated them as DTensors; FP8Linear keeps them local)
+            setattr(b, name, getattr(a, name).clone())  # a registered buffer: replaced (TP replicated them as DTensors; FP8Linear keeps them local)
     opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.05) for m in (par.model, ref))
     for step in range(3):
         xb, yb = batch(step)

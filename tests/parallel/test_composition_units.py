@@ -99,7 +99,7 @@ def test_fp8_conversion_keeps_lora_and_the_adapters_train():
     ref = {n: p.detach().clone() for n, p in m.named_parameters() if ".lora." in n}
     mmte.fp8.convert(m, "delayed")
     lin = m.backbone.layers["0"].self_attention.layernorm_qkv.linear
-    assert type(lin).__name__ == "FP8Linear" and hasattr(lin, "lora") and lin._forward_hooks
+    assert type(lin).__name__ == "FP8Linear" and hasattr(lin, "lora")  # on the forward path: checked below by zeroing B
     assert sorted(n for n, p in m.named_parameters() if ".lora." in n) == sorted(ref)
     opt = torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5)
     x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))

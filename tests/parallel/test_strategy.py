@@ -94,6 +94,7 @@ def test_strategy_reads_an_unbuilt_backbone_from_hparams():
 
 
 def test_backend_follows_mmte_device():
+    # _get_process_group_backend is Lightning's override point (ModelParallelStrategy calls it in setup_distributed)
     s = MMTEStrategy()
     s.parallel_devices = [torch.device("cpu")] * 2
     s.cluster_environment = LightningEnvironment()
