@@ -17,15 +17,24 @@ each recipe then trains at full length twice, A with the earlier recipe's values
 better validation value; its test split is read once:
 
 * ``--compare RECIPE RUN_A RUN_B``: each run's searched values (its ``logs/version_0/config.yaml``) and
-  its best validation value (its ``logs/version_0/metrics.csv``), stored with the winner on validation.
+  its best validation value (its ``logs/version_0/metrics.csv``), stored with the winner on validation (a tie
+  keeps A, the earlier values).
 * ``--test-shipped RECIPE``: after the recipe file holds the winner's values (checked), ``mmte test
-  --config recipes/<recipe>.yaml --ckpt_path best`` on the winner's run, once.
+  --config recipes/<recipe>.yaml --ckpt_path best`` on the winner's run, once (and, for a recipe with no
+  ``--test`` of its study, the baselines on the same test rows).
+
+``fsdd_speakers`` has no ``--test`` of its study's best trial: its test speaker (george, held out of the
+study and of both full-length runs by ``--data.init_args.test_groups '[george]'``) is read once, by
+``--test-shipped``, beside the baselines of bench/generalisation.py (the pooled-fbank logistic regression and
+the small CNN) trained on the same three training speakers.
 
 ::
 
     python bench/recipe_selection.py --test etth1_forecast diamonds_tabular   # the one test figure each
     python bench/recipe_selection.py --compare etth1_forecast /tmp/e3/etth1_A /tmp/e3/etth1_B
     python bench/recipe_selection.py --test-shipped etth1_forecast
+    python bench/recipe_selection.py --compare fsdd_speakers /tmp/fsdd/A /tmp/fsdd/B   # no --test: george is read once, next line
+    python bench/recipe_selection.py --test-shipped fsdd_speakers
     python bench/recipe_selection.py --update-doc                              # the tables, from what is stored
 """
 
@@ -62,6 +71,14 @@ RECIPES = {
         "test_flags": ["--data.init_args.path", str(DATA / "tabular" / "diamonds.csv"), "--data.init_args.label_column", "cut",
                        "--data.init_args.test_fraction", "0.2"],
         "old": 0.8035, "old_note": "accuracy after ~32 early-stopped epochs, bench/generalisation.py, 2026-12-03; trunk and lr compared on the test rows",
+    },
+    # train: jackson, nicolas, yweweler; validation: theo (the recipe's val_groups); test: george, held out of everything
+    "fsdd_speakers": {
+        "family": "audio", "metric": "val_acc", "test_metric": "test_acc",
+        "test_flags": ["--data.init_args.data_dir", str(DATA / "fsdd" / "recordings"), "--data.init_args.test_groups", "[george]"],
+        "old": 0.914, "old_note": ("george fold at seed 0, bench/generalisation.py, 2026-12-06: trained on the other four speakers (theo "
+                                   "too, no validation speaker), so not this protocol; its settings compared on the leave-one-speaker-out "
+                                   "test accuracy"),
     },
 }
 
@@ -113,14 +130,18 @@ def best_validation(name: str, run: Path) -> dict:
 
 
 def compare(name: str, run_a: Path, run_b: Path) -> dict:
-    """A (the earlier recipe's values) against B (the study's), both at full length, on validation only."""
+    """A (the earlier recipe's values) against B (the study's), both at full length, on validation only; a tie
+    keeps A (no validation evidence for a change)."""
     runs = {"A": best_validation(name, run_a), "B": best_validation(name, run_b)}
+    if runs["A"]["best_val"] == runs["B"]["best_val"]:
+        return {"runs": runs, "winner": "A", "tie": True}
     pick = min if RECIPES[name]["metric"].endswith(("mse", "loss", "mae")) else max
     return {"runs": runs, "winner": pick(runs, key=lambda k: runs[k]["best_val"])}
 
 
-def test_shipped(name: str, full: dict) -> dict:
-    """``mmte test --config recipes/<name>.yaml --ckpt_path best`` on the validation winner's run, in this process."""
+def test_shipped(name: str, full: dict, with_baselines: bool = False) -> dict:
+    """``mmte test --config recipes/<name>.yaml --ckpt_path best`` on the validation winner's run, in this process
+    (``with_baselines``: and the baselines on the same test rows, under ``baselines``)."""
     from mmte.cli import MMTECLI
 
     spec, winner = RECIPES[name], full["runs"][full["winner"]]
@@ -135,14 +156,24 @@ def test_shipped(name: str, full: dict) -> dict:
                             "--ckpt_path", "best", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false"])
     finally:
         sys.argv = argv
-    return {"test": float(cli.trainer.callback_metrics[spec["test_metric"]]), "checkpoint": str(cli.trainer.ckpt_path),
-            "test_s": round(time.time() - t0), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": _doc.machine_line()}
+    out = {"test": float(cli.trainer.callback_metrics[spec["test_metric"]]), "checkpoint": str(cli.trainer.ckpt_path),
+           "test_s": round(time.time() - t0), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    if with_baselines:
+        out["baselines"] = baselines(name, cli.datamodule)
+    return {**out, "machine": _doc.machine_line()}
 
 
 def baselines(name: str, dm) -> dict:
     """The simple baselines of bench/generalisation.py on the data module's test rows."""
     from bench import generalisation as g
 
+    if RECIPES[name]["family"] == "audio":  # trained on the same training speakers' clips as the model
+        dm.setup("fit")
+        paths = {s: dm.row_info[s]["path"] for s in ("train", "test")}
+        labels = {s: [int(v) for v in dm.datasets[s].with_format(None)["label"]] for s in ("train", "test")}
+        fb = {s: [g._fbank(p) for p in paths[s]] for s in ("train", "test")}
+        return {"pooled-fbank logistic regression": g.pooled_logreg(fb["train"], labels["train"], fb["test"], labels["test"]),
+                "small CNN": g.small_cnn(fb["train"], labels["train"], fb["test"], labels["test"], epochs=15)}
     if RECIPES[name]["family"] == "forecast":
         b = g.linear_baselines(dm)
         out = {"repeat-last": b["repeat_last"]["mse"], "least squares": b["linear"]["mse"]}
@@ -175,10 +206,12 @@ def table(results: dict) -> str:
         spec, s = RECIPES[name], r["study"]
         states = ", ".join(f"{n} {k.lower()}" for k, n in sorted(s["states"].items()))
         params = ", ".join(f"{k} {float(v):.3g}" for k, v in s["best_params"].items())
-        base = ", ".join(f"{k} {v:.4f}" for k, v in r["baselines"].items())
+        base = ", ".join(f"{k} {v:.4f}" for k, v in r.get("baselines", {}).items())
+        test = (f"{spec['test_metric']} **{r['test']:.4f}**" if "test" in r
+                else "not read: the test split is read once, by the shipped recipe (next table)")
         rows.append([f"`recipes/{name}.yaml`", f"{s['trials']} trials ({states})" + (f"; {r['budget']}" if r.get("budget") else ""),
                      f"`recipes/tune/{name}.space.yaml`: {params}", f"{spec['metric']} {s['best_value']:.4f}",
-                     f"{spec['test_metric']} **{r['test']:.4f}**", base, f"{spec['old']:.4f} ({spec['old_note']})"])
+                     test, base, f"{spec['old']:.4f} ({spec['old_note']})"])
     return _doc.md_table(["recipe", "budget", "space: best values", "best validation", "test, read once", "baselines (same test rows)",
                           "earlier test-selected recipe"], rows)
 
@@ -196,8 +229,9 @@ def full_table(results: dict) -> str:
             params = ", ".join(f"{k.removeprefix('model.')} {float(v):.3g}" for k, v in run["params"].items())
             cells.append(f"{params}: {spec['metric']} {run['best_val']:.4f} (best of {run['validations']} validations)")
         test = f"{spec['test_metric']} **{full['test']:.4f}**" if "test" in full else "not read yet"
-        rows.append([f"`recipes/{name}.yaml`", full.get("length", ""), *cells, full["winner"], test,
-                     ", ".join(f"{k} {v:.4f}" for k, v in r["baselines"].items())])
+        winner = full["winner"] + (" (a tie keeps A)" if full.get("tie") else "")
+        rows.append([f"`recipes/{name}.yaml`", full.get("length", ""), *cells, winner, test,
+                     ", ".join(f"{k} {v:.4f}" for k, v in r.get("baselines", {}).items())])
     return _doc.md_table(["recipe", "full length (both runs)", "A: earlier recipe's values", "B: mmte tune's values",
                           "shipped (better validation)", "shipped, test read once", "baselines (same test rows)"], rows)
 
@@ -217,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     if args.compare:
         name, run_a, run_b = args.compare
+        results.setdefault(name, {"study": study_summary(name)})  # a study with no --test (fsdd_speakers)
         if "test" in results[name].get("full_length", {}):
             raise SystemExit(f"{name}: the shipped recipe's test split was read already; the comparison stays as stored in {RESULTS}")
         results[name]["full_length"] = compare(name, Path(run_a), Path(run_b))
@@ -231,12 +266,16 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{args.test_shipped}: no full-length comparison stored; expected --compare first")
         if "test" in full:
             raise SystemExit(f"{args.test_shipped}: the shipped recipe's test split was read already ({full['date']}); the figure is in {RESULTS}")
-        full.update(test_shipped(args.test_shipped, full))
+        full.update(test_shipped(args.test_shipped, full, with_baselines="baselines" not in results[args.test_shipped]))
+        if "baselines" in full:  # the recipe's baselines on its test rows, as --test stores them
+            results[args.test_shipped]["baselines"] = full.pop("baselines")
         print(json.dumps({args.test_shipped: full}), flush=True)
         RESULTS.write_text(json.dumps(results, indent=1))
     for name in args.test:
+        if name == "fsdd_speakers":
+            raise SystemExit(f"{name}: its test speaker is read once, by --test-shipped, not on the study's best trial")
         if name in results:
-            raise SystemExit(f"{name}: its test split was read already ({results[name]['date']}); the figure is in {RESULTS}")
+            raise SystemExit(f"{name}: its test split was read already ({results[name].get('date', '')}); the figure is in {RESULTS}")
         results[name] = {"study": study_summary(name), **test_once(name)}
         print(json.dumps({name: results[name]}), flush=True)
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -247,25 +286,33 @@ def main(argv: list[str] | None = None) -> int:
     full = full_table(results)
     print(table(results) + "\n\n" + full)
     if args.update_doc:
-        machines = [f"{name} (study's best trial): {r['machine'].removeprefix('Machine: ').rstrip('.')}" for name, r in results.items()]
+        machines = [f"{name} (study's best trial): {r['machine'].removeprefix('Machine: ').rstrip('.')}" for name, r in results.items() if "machine" in r]
         machines += [f"{name} (shipped recipe): {r['full_length']['machine'].removeprefix('Machine: ').rstrip('.')}"
                      for name, r in results.items() if "test" in r.get("full_length", {})]
         machine = "Machine (each test run's): " + "; ".join(machines) + "."
         note = ("Studies: each recipe's searched settings by `mmte tune` on its validation split only (the study's command heads its "
                 "space file) under the per-trial budget in the table, the budget a compute limit of 2 shared cores and not a chosen "
-                "setting; the test figure there is the best trial's checkpoint, read once. The last column is the recipe as it was "
-                "before, whose settings had been compared on the test split: a reference, not a result.")
+                "setting; the test figure there, where there is one, is the best trial's checkpoint, read once. The last column is the "
+                "recipe as it was before, whose settings had been compared on the test split: a reference, not a result.")
         if full.count("\n") > 1:
             note += ("\n\nFull length, chosen on validation: each recipe trained at its full length twice, A with the earlier recipe's "
                      "searched values and B with the study's, compared on the best validation value of each run (the best in its "
                      "metrics.csv, the value its `best.ckpt` was picked by); the recipe ships the winner's values and that length, and its test split was "
-                     "read once, by `mmte test --config recipes/<recipe>.yaml --ckpt_path best` on the winner's run. A recipe missing from "
-                     "this table ships its study's best values at its own full training length (early stopping on validation); its only "
-                     "test figure so far is the study's best trial's, at the study's budget.")
-        note += ("\n\n`recipes/fsdd_speakers.yaml` is not re-selected: one leave-one-speaker-out fit takes about 8 minutes per fold on "
-                 "an idle machine (five folds a setting), more than a study on 2 shared cores holds; its comment says how its settings "
-                 "were chosen.")
-        commands = [f"python bench/recipe_selection.py --test {name}" for name in results]
+                     "read once, by `mmte test --config recipes/<recipe>.yaml --ckpt_path best` on the winner's run.")
+            if any(not r.get("full_length") for r in results.values()):
+                note += (" A recipe missing from this table ships its study's best values at its own full training length (early stopping "
+                         "on validation); its only test figure so far is the study's best trial's, at the study's budget.")
+        if "fsdd_speakers" in results:
+            note += ("\n\n`recipes/fsdd_speakers.yaml`: training speakers jackson, nicolas and yweweler, validation speaker theo (the "
+                     "recipe's `val_groups`, val_acc); george is held out of the study and of both full-length runs "
+                     "(`--data.init_args.test_groups '[george]'`) and read once, by the shipped recipe; the study's best trial was not "
+                     "tested. Its baselines train on the same three speakers. The earlier figure trained on four speakers (theo too) "
+                     "with no validation speaker: a different protocol, shown for reference.")
+        else:
+            note += ("\n\n`recipes/fsdd_speakers.yaml` is not re-selected: one leave-one-speaker-out fit takes about 8 minutes per fold on "
+                     "an idle machine (five folds a setting), more than a study on 2 shared cores holds; its comment says how its settings "
+                     "were chosen.")
+        commands = [f"python bench/recipe_selection.py --test {name}" for name, r in results.items() if "test" in r]
         for name, r in results.items():
             f = r.get("full_length")
             if f:
