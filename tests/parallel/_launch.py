@@ -44,7 +44,7 @@ def launch_partial(world: int, runs: dict[str, list[str]], tmp: Path, timeout: i
     for attempt in (1, 2):
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
         errors = {k: v for f in tmp.glob(f"out{world}.json.error-*") for k, v in json.loads(f.read_text()).items()}
-        if attempt == 1 and proc.returncode != 0 and not errors and _native_abort(proc):
+        if attempt == 1 and proc.returncode != 0 and not errors and native_abort(proc):
             warnings.warn(f"launch of {world} process(es) over {sorted(runs)} died of a native abort; started again:\n"
                           f"{proc.stderr[-4000:]}", stacklevel=2)
             out.unlink(missing_ok=True)
@@ -59,7 +59,7 @@ def launch_partial(world: int, runs: dict[str, list[str]], tmp: Path, timeout: i
     return {**results, **errors}, f"launch of {world} process(es) failed (exit {proc.returncode}): {errors}\n{proc.stderr[-6000:]}"
 
 
-def _native_abort(proc: subprocess.CompletedProcess) -> bool:
+def native_abort(proc: subprocess.CompletedProcess) -> bool:
     """Whether a launch ended because a process was killed by SIGABRT or SIGSEGV (torchrun reports the
     rank's exit code as -6 / -11; one process ends with the negative code itself)."""
     if proc.returncode in (-6, -11):

@@ -104,6 +104,11 @@ def main() -> None:
     if int(os.environ.get("RANK", "0")) == 0:
         with open(out, "w") as f:
             json.dump(results, f)
+    # end the process group the fits started before the interpreter exits (as mmte's fit verbs do): left to
+    # interpreter teardown, a rank's gloo threads were once destroyed while joinable, a native abort
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -21,6 +22,7 @@ from mmte.training.accelerator import MUSAAccelerator, parse_musa_devices, regis
 from mmte.training.strategy import PRESETS, MMTEStrategy
 
 from . import _workers
+from ._launch import native_abort
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "configs" / "parallel").glob("*.yaml"))
@@ -136,11 +138,15 @@ def _fit(tmp_path: Path, specs: dict[str, dict], steps: int) -> dict[str, list[f
     """Each layout's losses from one 2-process ``torchrun`` launch of tests/parallel/lightning_fit.py."""
     out = tmp_path / "losses.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(29400 + os.getpid() % 500),
-         str(REPO / "tests" / "parallel" / "lightning_fit.py"), str(out), json.dumps(specs), str(steps)],
-        check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(29400 + os.getpid() % 500),
+           str(REPO / "tests" / "parallel" / "lightning_fit.py"), str(out), json.dumps(specs), str(steps)]
+    for attempt in (1, 2):  # one more start after a native abort, as tests/parallel/_launch.py does
+        proc = subprocess.run(cmd, check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        if attempt == 1 and proc.returncode != 0 and native_abort(proc):
+            warnings.warn(f"lightning_fit.py died of a native abort; started again:\n{proc.stderr[-3000:]}", stacklevel=2)
+            out.unlink(missing_ok=True)
+            continue
+        break
     assert proc.returncode == 0 and out.exists(), proc.stderr[-4000:]
     return json.loads(out.read_text())
 
