@@ -192,7 +192,9 @@ def test_tune_through_the_cli_prunes_resumes_and_writes_a_reproducible_recipe(tm
     deadline = time.time() + 400
     while time.time() < deadline and proc.poll() is None:
         time.sleep(1)
-        if (out / "study.db").exists() and any(t.state == TrialState.COMPLETE for t in _study(out).get_trials(deepcopy=False)):
+        # the trials folder appears once the study exists: opening study.db before that races the tune process
+        # creating its schema (seen once in CI: a UNIQUE constraint error from the storage's version table)
+        if (out / "trials").is_dir() and any(t.state == TrialState.COMPLETE for t in _study(out).get_trials(deepcopy=False)):
             break
     assert proc.poll() is None, proc.stderr.read()[-2000:]
     os.killpg(proc.pid, signal.SIGKILL)
