@@ -83,17 +83,26 @@ RECIPES = {
 }
 
 
-def tune_dir(name: str) -> Path:
-    return ROOT / "runs" / "tune" / name
+#: the two studies of a recipe: "" its optimisation settings (lr, weight decay, dropout; ``<recipe>.space.yaml``),
+#: "structure" its structural ones (sizes, embeddings, patching, stem, ...; ``<recipe>.structure.space.yaml``)
+KINDS = ("", "structure")
 
 
-def space_file(name: str) -> Path:
-    return ROOT / "recipes" / "tune" / f"{name}.space.yaml"
+def _suffix(kind: str) -> str:
+    return f".{kind}" if kind else ""
 
 
-def study_summary(name: str) -> dict:
+def tune_dir(name: str, kind: str = "") -> Path:
+    return ROOT / "runs" / "tune" / f"{name}{_suffix(kind)}"
+
+
+def space_file(name: str, kind: str = "") -> Path:
+    return ROOT / "recipes" / "tune" / f"{name}{_suffix(kind)}.space.yaml"
+
+
+def study_summary(name: str, kind: str = "") -> dict:
     """The study's trials by state, the best trial's number, value and values (from ``trials.csv``)."""
-    rows = list(csv.DictReader((tune_dir(name) / "trials.csv").read_text().splitlines()))
+    rows = list(csv.DictReader((tune_dir(name, kind) / "trials.csv").read_text().splitlines()))
     spec = RECIPES[name]
     done = [r for r in rows if r["state"] == "COMPLETE"]
     best = (min if spec["metric"].endswith(("mse", "loss", "mae")) else max)(done, key=lambda r: float(r["value"]))
@@ -104,9 +113,9 @@ def study_summary(name: str) -> dict:
             "best_params": {k[len("params_"):]: v for k, v in best.items() if k.startswith("params_")}}
 
 
-def searched_names(name: str) -> list[str]:
+def searched_names(name: str, kind: str = "") -> list[str]:
     """The dotted settings the recipe's search space covers (``model.lr``, ...)."""
-    return list(yaml.safe_load(space_file(name).read_text()))
+    return list(yaml.safe_load(space_file(name, kind).read_text()))
 
 
 def dotted(config: dict, key: str):
@@ -116,7 +125,39 @@ def dotted(config: dict, key: str):
     return config
 
 
-def best_validation(name: str, run: Path) -> dict:
+def same(a, b) -> bool:
+    """Whether two recipe values are the same (numbers compared as floats; a value written as a YAML string,
+    as a structural choice is, compared parsed)."""
+    if isinstance(a, str) and a.strip().startswith(("{", "[")):
+        a = yaml.safe_load(a)
+    if isinstance(b, str) and b.strip().startswith(("{", "[")):
+        b = yaml.safe_load(b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
+        return float(a) == float(b)
+    return a == b
+
+
+def fmt(value) -> str:
+    """A searched value for a table cell: numbers to 3 significant digits, mappings as ``key value`` pairs."""
+    if isinstance(value, str):
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError:
+            return value
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} {fmt(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(fmt(v) for v in value) + "]"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def best_validation(name: str, run: Path, kind: str = "") -> dict:
     """One full-length run: its searched values, its best validation value and where it was logged."""
     log = run / "logs" / "version_0"
     config = yaml.safe_load((log / "config.yaml").read_text())
@@ -125,14 +166,14 @@ def best_validation(name: str, run: Path) -> dict:
     if not values:
         raise SystemExit(f"{run}: no {metric} in {log / 'metrics.csv'}; expected a finished mmte fit of recipes/{name}.yaml")
     best = (min if metric.endswith(("mse", "loss", "mae")) else max)(values)
-    return {"run": str(run), "params": {k: dotted(config, k) for k in searched_names(name)}, "best_val": best,
+    return {"run": str(run), "params": {k: dotted(config, k) for k in searched_names(name, kind)}, "best_val": best,
             "validations": len(values), "max_epochs": dotted(config, "trainer.max_epochs")}
 
 
-def compare(name: str, run_a: Path, run_b: Path) -> dict:
+def compare(name: str, run_a: Path, run_b: Path, kind: str = "") -> dict:
     """A (the earlier recipe's values) against B (the study's), both at full length, on validation only; a tie
     keeps A (no validation evidence for a change)."""
-    runs = {"A": best_validation(name, run_a), "B": best_validation(name, run_b)}
+    runs = {"A": best_validation(name, run_a, kind), "B": best_validation(name, run_b, kind)}
     if runs["A"]["best_val"] == runs["B"]["best_val"]:
         return {"runs": runs, "winner": "A", "tie": True}
     pick = min if RECIPES[name]["metric"].endswith(("mse", "loss", "mae")) else max
@@ -147,7 +188,7 @@ def test_shipped(name: str, full: dict, with_baselines: bool = False) -> dict:
     spec, winner = RECIPES[name], full["runs"][full["winner"]]
     recipe = ROOT / "recipes" / f"{name}.yaml"
     shipped = {k: dotted(yaml.safe_load(recipe.read_text()), k) for k in winner["params"]}
-    if any(float(shipped[k]) != float(v) for k, v in winner["params"].items()):
+    if not all(same(shipped[k], v) for k, v in winner["params"].items()):
         raise SystemExit(f"{recipe}: holds {shipped}; expected the validation winner's values {winner['params']}")
     t0 = time.time()
     argv, sys.argv = sys.argv, sys.argv[:1]
@@ -205,7 +246,7 @@ def table(results: dict) -> str:
     for name, r in results.items():
         spec, s = RECIPES[name], r["study"]
         states = ", ".join(f"{n} {k.lower()}" for k, n in sorted(s["states"].items()))
-        params = ", ".join(f"{k} {float(v):.3g}" for k, v in s["best_params"].items())
+        params = ", ".join(f"{k} {fmt(v)}" for k, v in s["best_params"].items())
         base = ", ".join(f"{k} {v:.4f}" for k, v in r.get("baselines", {}).items())
         test = (f"{spec['test_metric']} **{r['test']:.4f}**" if "test" in r
                 else "not read: the test split is read once, by the shipped recipe (next table)")
@@ -226,7 +267,7 @@ def full_table(results: dict) -> str:
         cells = []
         for label in ("A", "B"):
             run = full["runs"][label]
-            params = ", ".join(f"{k.removeprefix('model.')} {float(v):.3g}" for k, v in run["params"].items())
+            params = ", ".join(f"{k.removeprefix('model.')} {fmt(v)}" for k, v in run["params"].items())
             cells.append(f"{params}: {spec['metric']} {run['best_val']:.4f} (best of {run['validations']} validations)")
         test = f"{spec['test_metric']} **{full['test']:.4f}**" if "test" in full else "not read yet"
         winner = full["winner"] + (" (a tie keeps A)" if full.get("tie") else "")
@@ -234,6 +275,39 @@ def full_table(results: dict) -> str:
                      ", ".join(f"{k} {v:.4f}" for k, v in r.get("baselines", {}).items())])
     return _doc.md_table(["recipe", "full length (both runs)", "A: earlier recipe's values", "B: mmte tune's values",
                           "shipped (better validation)", "shipped, test read once", "baselines (same test rows)"], rows)
+
+
+def structure_table(results: dict) -> str:
+    """The structural studies: budget, best trial, the full-length A/B on validation, what ships and its test figure."""
+    rows = []
+    for name, r in results.items():
+        st, spec = r.get("structure"), RECIPES[name]
+        if not st:
+            continue
+        s = st["study"]
+        states = ", ".join(f"{n} {k.lower()}" for k, n in sorted(s["states"].items()))
+        cells = [f"`recipes/{name}.yaml`", f"{s['trials']} trials ({states})" + (f"; {st['budget']}" if st.get("budget") else ""),
+                 f"`recipes/tune/{name}.structure.space.yaml`: " + ", ".join(f"{k.removeprefix('model.')} {fmt(v)}" for k, v in s["best_params"].items())
+                 + f": {spec['metric']} {s['best_value']:.4f}"]
+        full = st.get("full_length")
+        if not full:
+            rows.append(cells + ["not trained at full length yet", "", "", "", "not read", ""])
+            continue
+        cells.append(full.get("length", ""))
+        for label in ("A", "B"):
+            run = full["runs"][label]
+            cells.append(f"{spec['metric']} {run['best_val']:.4f} (best of {run['validations']} validations)")
+        winner = full["winner"] + (" (a tie keeps A)" if full.get("tie") else "")
+        if "test" in full:
+            test = f"{spec['test_metric']} **{full['test']:.4f}**"
+        elif full["winner"] == "A":
+            stood = r.get("full_length", {}).get("test")
+            test = "not read again: A is the recipe as it was" + (f"; its test figure stands ({spec['test_metric']} {stood:.4f})" if stood is not None else "")
+        else:
+            test = "not read yet"
+        rows.append(cells + [winner, test, ", ".join(f"{k} {v:.4f}" for k, v in r.get("baselines", {}).items())])
+    return _doc.md_table(["recipe", "study budget", "space: best trial, its validation", "full length (both runs)", "A: the recipe's structure",
+                          "B: the study's best", "shipped (better validation)", "shipped, test read once", "baselines (same test rows)"], rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,9 +320,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--length", nargs=2, action="append", default=[], metavar=("RECIPE", "TEXT"),
                    help="the training length both full-length runs had, as said in the table")
     p.add_argument("--test-shipped", choices=sorted(RECIPES), help="run mmte test once on the shipped recipe (the validation winner's run)")
+    p.add_argument("--structure", action="store_true",
+                   help="--compare, --length, --budget and --test-shipped act on the recipe's structural study "
+                        "(recipes/tune/<recipe>.structure.space.yaml, runs/tune/<recipe>.structure)")
     _doc.add_argument(p, "recipe-selection")
     args = p.parse_args(argv)
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    if args.structure:
+        return structure_main(args, results)
     if args.compare:
         name, run_a, run_b = args.compare
         results.setdefault(name, {"study": study_summary(name)})  # a study with no --test (fsdd_speakers)
@@ -283,12 +362,60 @@ def main(argv: list[str] | None = None) -> int:
     for name, text in args.budget:
         results[name]["budget"] = text
         RESULTS.write_text(json.dumps(results, indent=1))
+    write_doc(args, results)
+    return 0
+
+
+def structure_main(args, results: dict) -> int:
+    """--compare / --length / --budget / --test-shipped on the structural studies (``--structure``)."""
+    if args.test:
+        raise SystemExit("--structure: a structural study's trials are never tested; its winner is read once by --test-shipped")
+    if args.compare:
+        name, run_a, run_b = args.compare
+        st = results.setdefault(name, {}).setdefault("structure", {})
+        if "test" in st.get("full_length", {}):
+            raise SystemExit(f"{name}: the shipped recipe's test split was read already; the structural comparison stays as stored in {RESULTS}")
+        st["study"] = study_summary(name, "structure")
+        st["full_length"] = compare(name, Path(run_a), Path(run_b), "structure")
+        print(json.dumps({name: st}), flush=True)
+        RESULTS.write_text(json.dumps(results, indent=1))
+    for name, text in args.length:
+        results[name]["structure"]["full_length"]["length"] = text
+        RESULTS.write_text(json.dumps(results, indent=1))
+    for name, text in args.budget:
+        st = results.setdefault(name, {}).setdefault("structure", {})
+        st.setdefault("study", study_summary(name, "structure"))
+        st["budget"] = text
+        RESULTS.write_text(json.dumps(results, indent=1))
+    if args.test_shipped:
+        name = args.test_shipped
+        full = results[name].get("structure", {}).get("full_length")
+        if not full:
+            raise SystemExit(f"{name}: no structural full-length comparison stored; expected --structure --compare first")
+        if "test" in full:
+            raise SystemExit(f"{name}: the shipped recipe's test split was read already ({full['date']}); the figure is in {RESULTS}")
+        if full["winner"] == "A":
+            raise SystemExit(f"{name}: A (the recipe's own structure) won on validation; the recipe is unchanged and its stored test figure stands")
+        full.update(test_shipped(name, full, with_baselines="baselines" not in results[name]))
+        if "baselines" in full:
+            results[name]["baselines"] = full.pop("baselines")
+        print(json.dumps({name: full}), flush=True)
+        RESULTS.write_text(json.dumps(results, indent=1))
+    write_doc(args, results)
+    return 0
+
+
+def write_doc(args, results: dict) -> None:
+    """Print the tables; with --update-doc, write them into BENCHMARKS.md's recipe-selection section."""
     full = full_table(results)
-    print(table(results) + "\n\n" + full)
+    structure = structure_table(results)
+    print(table(results) + "\n\n" + full + "\n\n" + structure)
     if args.update_doc:
         machines = [f"{name} (study's best trial): {r['machine'].removeprefix('Machine: ').rstrip('.')}" for name, r in results.items() if "machine" in r]
         machines += [f"{name} (shipped recipe): {r['full_length']['machine'].removeprefix('Machine: ').rstrip('.')}"
                      for name, r in results.items() if "test" in r.get("full_length", {})]
+        machines += [f"{name} (shipped recipe, structure re-selected): {r['structure']['full_length']['machine'].removeprefix('Machine: ').rstrip('.')}"
+                     for name, r in results.items() if "test" in r.get("structure", {}).get("full_length", {})]
         machine = "Machine (each test run's): " + "; ".join(machines) + "."
         note = ("Studies: each recipe's searched settings by `mmte tune` on its validation split only (the study's command heads its "
                 "space file) under the per-trial budget in the table, the budget a compute limit of 2 shared cores and not a chosen "
@@ -319,11 +446,25 @@ def main(argv: list[str] | None = None) -> int:
                 commands.append(f"python bench/recipe_selection.py --compare {name} {f['runs']['A']['run']} {f['runs']['B']['run']}")
                 if "test" in f:
                     commands.append(f"python bench/recipe_selection.py --test-shipped {name}")
+        for name, r in results.items():
+            f = r.get("structure", {}).get("full_length")
+            if f:
+                commands.append(f"python bench/recipe_selection.py --structure --compare {name} {f['runs']['A']['run']} {f['runs']['B']['run']}")
+                if "test" in f:
+                    commands.append(f"python bench/recipe_selection.py --structure --test-shipped {name}")
         commands.append("python bench/recipe_selection.py --update-doc")
         body = "Studies:\n\n" + table(results) + ("\n\nFull length, chosen on validation:\n\n" + full if full.count("\n") > 1 else "")
+        if structure.count("\n") > 1:
+            body += "\n\nStructural settings, chosen on validation:\n\n" + structure
+            note += ("\n\nStructural settings (the trunk's size, embeddings, patching, stem, augmentation, EMA, betas, warmup, ...), "
+                     "which the earlier recipes had compared on the test split: a second study per recipe by `mmte tune` on validation "
+                     "only (the command heads `recipes/tune/<recipe>.structure.space.yaml`; its per-trial budget a compute limit), no "
+                     "trial tested; then the recipe as it was (A, the values the tables above ship) and the study's best trial (B) "
+                     "trained at the recipe's full length and were compared on their best validation value. B ships only when it is "
+                     "better (a tie keeps A), and only then is the test split read again, once, on B's run. Settings a structural "
+                     "study did not cover are named in each recipe's comment as not re-selected.")
         _doc.update_doc("recipe-selection", body + "\n\n" + note, "; ".join(commands), args.update_doc, machine=machine,
                         title="Recipe selection on validation (`bench/recipe_selection.py`)")
-    return 0
 
 
 if __name__ == "__main__":
