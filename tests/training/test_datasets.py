@@ -89,6 +89,25 @@ def test_split_indices_stratified_deterministic():
         split_indices(labels, 0.6, 0.5)
 
 
+def test_arrays_dataset_keeps_every_value_shape_and_dtype():
+    """Fixed-shape arrays (built from the flat buffer) and ragged object arrays read back item by item."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(37, 3, 5)).astype(np.float32)
+    y = rng.integers(0, 4, size=37)
+    ds = mds.arrays_dataset(x, y, "image").with_format("numpy")
+    assert len(ds) == 37 and ds.column_names == ["image", "label"]
+    for i in (0, 17, 36):
+        np.testing.assert_array_equal(ds[i]["image"], x[i])  # exact: no conversion of the values
+        assert ds[i]["image"].dtype == np.float32 and int(ds[i]["label"]) == int(y[i])
+    starts = mds.arrays_dataset(np.arange(5, dtype=np.int64), None, "start")
+    assert starts["start"] == [0, 1, 2, 3, 4] and starts.column_names == ["start"]
+    ragged = np.empty(2, dtype=object)
+    ragged[0], ragged[1] = np.arange(3), np.arange(5)
+    assert mds.arrays_dataset(ragged, None, "row")["row"] == [[0, 1, 2], [0, 1, 2, 3, 4]]
+    with pytest.raises(ValueError, match="differ in length"):
+        mds.arrays_dataset(x, y[:3])
+
+
 def test_pair_by_label():
     la, lb = [0, 1, 1, 2, 0, 0], [1, 0, 2, 2, 1]
     pairs = mds.pair_by_label(la, lb, seed=1)
