@@ -302,7 +302,9 @@ def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 def test_ddp_batches_lacking_a_modality(tmp_path):
     import torch.multiprocessing as mp
 
-    mp.spawn(_ddp_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    from tests.parallel._dist import start_method
+
+    mp.start_processes(_ddp_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True, start_method=start_method())
     for r in range(2):
         res = torch.load(tmp_path / f"rank{r}.pt")
         assert res[True] == "ok", res

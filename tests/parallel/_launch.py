@@ -1,6 +1,6 @@
 """Start ``tests/parallel/cli_fit.py`` over a list of ``mmte fit`` / ``predict`` argument lists: one launch of
-one process, or of ``world`` processes under ``torchrun``, for all of them (one start-up, many runs), and read
-back its JSON results. Shared by the multi-process test files of this folder."""
+one process, or of ``world`` ranks (torchrun's environment, forked after one import: ``cli_fit.py --world``),
+for all of them (one start-up, many runs), and read back its JSON results. Shared by the multi-process test files of this folder."""
 
 from __future__ import annotations
 
@@ -36,11 +36,7 @@ def launch_partial(world: int, runs: dict[str, list[str]], tmp: Path, timeout: i
     spec.write_text(json.dumps(runs))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     script = str(REPO / "tests" / "parallel" / "cli_fit.py")
-    if world == 1:
-        cmd = [sys.executable, script, str(out), str(spec)]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world), "--master_port", str(29500 + os.getpid() % 1000 + world),
-               script, str(out), str(spec)]
+    cmd = [sys.executable, script, *(["--world", str(world)] if world > 1 else []), str(out), str(spec)]
     for attempt in (1, 2):
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
         errors = {k: v for f in tmp.glob(f"out{world}.json.error-*") for k, v in json.loads(f.read_text()).items()}
@@ -60,7 +56,7 @@ def launch_partial(world: int, runs: dict[str, list[str]], tmp: Path, timeout: i
 
 
 def native_abort(proc: subprocess.CompletedProcess) -> bool:
-    """Whether a launch ended because a process was killed by SIGABRT or SIGSEGV (torchrun reports the
+    """Whether a launch ended because a process was killed by SIGABRT or SIGSEGV (torchrun and ``cli_fit.py --world`` report the
     rank's exit code as -6 / -11; one process ends with the negative code itself)."""
     if proc.returncode in (-6, -11):
         return True

@@ -5,7 +5,13 @@ the predicted probabilities as JSON.
 Usage (every rank runs the same list; rank 0 writes OUT)::
 
     torchrun --nproc_per_node 2 tests/parallel/cli_fit.py OUT.json RUNS.json
+    python tests/parallel/cli_fit.py --world 2 OUT.json RUNS.json  # 2 ranks forked from one import
     python tests/parallel/cli_fit.py OUT.json RUNS.json            # one process
+
+``--world N`` starts the N ranks as torchrun would (the same environment variables, so Lightning sees a
+torchelastic launch, and every rank ended when one fails), but forked from this process once it has imported
+mmte, Lightning and torch and has run nothing: the tests' launches pay one import (7 CPU-seconds) instead of N
+plus torchrun's own. The multi-node test keeps torchrun and SLURM themselves.
 
 ``RUNS.json``: ``{"name": ["--config", "recipes/quickstart.yaml", ...], ...}``; an argument list may start
 with ``predict`` (default ``fit``) and hold ``--ckpt_path PATH`` and ``--stop_after_epoch N`` (fit: stop
@@ -113,16 +119,65 @@ def run(args: list[str]) -> dict:
             "checkpoints": sorted(os.listdir(ckpt_dir)) if ckpt_dir and os.path.isdir(ckpt_dir) else []}
 
 
+def fork_ranks(world: int) -> int | None:
+    """Fork ``world`` ranks with torchrun's environment; in a rank: None (go on and run); in this process,
+    once every rank ended: the launch's exit status (0, or the first failure; a rank killed by a signal is
+    reported as torchrun reports it, ``exitcode  : -N``, and ends the others, as torchrun does)."""
+    import signal
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+              "GROUP_RANK": "0", "ROLE_WORLD_SIZE": str(world), "TORCHELASTIC_RUN_ID": f"cli-fit-{os.getpid()}"}
+    ranks: dict[int, int] = {}
+    for rank in range(world):
+        pid = os.fork()
+        if pid == 0:
+            os.environ.update(common, RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank))
+            return None
+        ranks[pid] = rank
+    status = 0
+    while ranks:
+        pid, raw = os.wait()
+        rank = ranks.pop(pid)
+        code = os.waitstatus_to_exitcode(raw)
+        if code != 0 and status == 0:
+            status = code if code > 0 else 1
+            print(f"rank {rank} (pid {pid}) failed: exitcode  : {code} ", file=sys.stderr, flush=True)
+            for other in ranks:  # the others may wait for the failed rank in a collective: end them
+                os.kill(other, signal.SIGKILL)
+    return status
+
+
 def main() -> None:
     faulthandler.enable(all_threads=True)  # a native abort (SIGABRT, SIGSEGV) prints every thread's Python stack
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(1)
-    out, runs = sys.argv[1], json.loads(Path(sys.argv[2]).read_text())
+    argv = sys.argv[1:]
+    world = int(argv[1]) if argv[0] == "--world" else 0
+    out, runs = argv[-2], json.loads(Path(argv[-1]).read_text())
     # the imported modules' objects live as long as the process: the collector stops scanning them, so
     # the collection between runs (and every automatic one) looks at what the runs made (0.3 s less a run)
-    import mmte.cli.app  # noqa: F401 - imported before the freeze
+    import mmte.cli.app  # noqa: F401 - imported before the freeze (and before forking the ranks)
 
     gc.freeze()
+    if world and (status := fork_ranks(world)) is not None:
+        sys.exit(status)
+    torch.set_num_threads(1)
+    try:
+        run_all(out, runs)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    if world:  # a forked rank: end the process group, skip the parent's exit handlers
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        os._exit(0)
+
+
+def run_all(out: str, runs: dict[str, list[str]]) -> None:
+    """Every run of ``runs`` in order; rank 0 writes the results to ``out`` after each."""
     results = {}
     # the process group starts inside the first fit; SLURM launches set SLURM_PROCID, torchrun RANK
     env_rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
