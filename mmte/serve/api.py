@@ -30,7 +30,6 @@ from typing import Any
 import litserve as ls
 from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
 from litserve.loops.simple_loops import BatchedLoop
-from litserve.utils import LitAPIStatus, LoopResponseType
 from starlette.responses import Response
 
 from .inputs import RequestError
@@ -150,26 +149,34 @@ def _close_files(request: Any) -> None:
 
 
 class GreedyBatchLoop(BatchedLoop):
-    """LitServe's batched loop taking the requests already queued (see the module docstring)."""
+    """LitServe's batched loop taking the requests already queued (see the module docstring).
+
+    No ``START`` message per request: LitServe only uses it to restart a dead worker's requests
+    (``restart_workers``, off in ``mmte serve``; its own loops drop the message then too).
+    """
+
+    _stopping = False
 
     def get_batch_requests(self, lit_api: ls.LitAPI, request_queue: Any, transport: Any) -> tuple[list, list]:
         payloads: list = []
         timed_out: list = []
+        if self._stopping:
+            raise _StopLoopError()
         try:
             first = request_queue.get(timeout=1.0)  # blocks (no spinning) until a request or the stop sentinel
         except Empty:
             return payloads, timed_out
         deadline = time.monotonic() + lit_api.batch_timeout
+        limit = lit_api.request_timeout not in (-1, False)
         item = first
         while True:
             if item == _SENTINEL_VALUE:
                 if payloads:  # answer what was collected, stop at the next call
-                    request_queue.put(_SENTINEL_VALUE)
+                    self._stopping = True
                     return payloads, timed_out
                 raise _StopLoopError()
             response_queue_id, uid, timestamp, x_enc = item
-            self.put_response(transport, response_queue_id, uid, (), LitAPIStatus.START, LoopResponseType.REGULAR)
-            if lit_api.request_timeout not in (-1, False) and time.monotonic() - timestamp > lit_api.request_timeout:
+            if limit and time.monotonic() - timestamp > lit_api.request_timeout:
                 timed_out.append((response_queue_id, uid))
             else:
                 payloads.append((response_queue_id, uid, x_enc))

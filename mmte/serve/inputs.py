@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import MMTEError
 
-__all__ = ["FILE_SUFFIXES", "InputSpec", "RequestError", "input_spec"]
+__all__ = ["FILE_SUFFIXES", "InputSpec", "RequestError", "Upload", "input_spec"]
 
 #: what a file field holds, by modality (for messages and ``/info``)
 FILE_SUFFIXES = {"audio": ".wav", "image": ".png", "time_series": ".csv", "point_cloud": ".npy", "video": ".mp4", "imu": ".csv", "text": ".txt"}
@@ -48,6 +48,24 @@ class RequestError(MMTEError):
 
     def __reduce__(self):
         return (type(self), (self.what, self.expected, self.fix, self.status))
+
+
+class Upload:
+    """A file field of a multipart request, as the API process parsed it: its bytes and file name (cheap to pickle)."""
+
+    __slots__ = ("data", "filename")
+
+    def __init__(self, data: bytes, filename: str | None = None):
+        self.data, self.filename = data, filename
+
+    def read(self) -> bytes:
+        return self.data
+
+    def __reduce__(self):
+        return (Upload, (self.data, self.filename))
+
+    def __repr__(self) -> str:
+        return f"Upload({self.filename!r}, {len(self.data)} bytes)"
 
 
 def _top_k(value: Any) -> int | None:

@@ -4,6 +4,11 @@
   worker: a body over ``max_body`` bytes (413), a content type other than JSON or multipart (415), a
   body that is not valid JSON or a multipart form that does not parse (400). So LitServe's own
   request reading cannot fail (it would answer 500).
+* ``POST /predict`` is answered by the guard itself (:meth:`MMTEServer.answer`): the request it parsed
+  (JSON, or a form whose files are read into :class:`~mmte.serve.inputs.Upload`) goes to the workers'
+  queue as it is, with no second parse and none of FastAPI's routing and dependency thread. The queues
+  between the API process and the workers are pipes (:mod:`mmte.serve.transport`), not LitServe's
+  manager-process queues.
 * Every error answer is ``{"error": "<one line>"}`` with a 4xx status (HTTPExceptions from LitServe or
   FastAPI included: an unknown path is a 404 with that body).
 * ``GET /health``: LitServe's (200 ``ok`` once every worker has built the model, 503 before);
@@ -16,9 +21,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
+import pickle
 import signal
 import threading
 from collections.abc import Callable
@@ -26,10 +33,14 @@ from typing import Any
 
 import litserve as ls
 from fastapi import Request
+from litserve.callbacks.base import EventTypes
+from litserve.server import RegularRequestHandler
+from litserve.utils import LitAPIStatus, ResponseBufferItem
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
-from .inputs import RequestError, parse_json
+from .inputs import RequestError, Upload, parse_json
+from .transport import PipeTransport, RequestQueue
 
 __all__ = ["MMTEServer", "RequestGuard", "run_server"]
 
@@ -45,8 +56,8 @@ class RequestGuard:
         path: the guarded path.
     """
 
-    def __init__(self, app: Any, max_body: int = 16 << 20, path: str = "/predict"):
-        self.app, self.max_body, self.path = app, int(max_body), path
+    def __init__(self, app: Any, max_body: int = 16 << 20, path: str = "/predict", answer: Callable | None = None):
+        self.app, self.max_body, self.path, self.answer = app, int(max_body), path, answer
 
     async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
         if scope["type"] != "http" or scope["path"] != self.path or scope.get("method") != "POST":
@@ -94,12 +105,12 @@ class RequestGuard:
             return await receive()
 
         try:
-            if ctype == "application/json":
-                parse_json(data)
-            else:
-                await _check_form(scope, data)
+            payload = parse_json(data) if ctype == "application/json" else await _parse_form(scope, data)
         except RequestError as e:
             await _send_error(send, e.status, str(e))
+            return
+        if self.answer is not None:
+            await self.answer(payload, scope, receive, send)
             return
         sent = False
         await self.app(scope, replay, send)
@@ -117,8 +128,9 @@ async def _discard(receive: Callable, declared: int, most: int = 256 << 20) -> N
             return
 
 
-async def _check_form(scope: dict[str, Any], data: bytes) -> None:
-    """The multipart body parses (what LitServe's ``request.form()`` will do again), or a :class:`RequestError`."""
+async def _parse_form(scope: dict[str, Any], data: bytes) -> dict[str, Any]:
+    """The multipart body as ``{field: str or Upload}`` (a field sent twice: its last value), or a :class:`RequestError`."""
+    from starlette.datastructures import UploadFile
     from starlette.requests import Request as StarletteRequest
 
     async def once() -> dict[str, Any]:
@@ -129,7 +141,13 @@ async def _check_form(scope: dict[str, Any], data: bytes) -> None:
     except Exception as e:  # noqa: BLE001 - any parser error is the client's malformed form
         raise RequestError(f"the multipart form cannot be parsed ({type(e).__name__}: {str(e)[:160]})", "expected a multipart/form-data upload",
                            "send the file with curl -F <field>=@<file>") from None
-    await form.close()
+    try:
+        out: dict[str, Any] = {}
+        for k, v in form.multi_items():
+            out[k] = Upload(await v.read(), v.filename) if isinstance(v, UploadFile) else v
+        return out
+    finally:
+        await form.close()
 
 
 async def _send_error(send: Callable, status: int, message: str) -> None:
@@ -158,6 +176,39 @@ class MMTEServer(ls.LitServer):
 
     drain_s = 5.0
 
+    def _init_manager(self, num_api_servers: int) -> Any:
+        manager = super()._init_manager(num_api_servers)
+        if num_api_servers != 1:
+            raise ValueError(f"mmte serve runs one API process (its request queue has one writer); got {num_api_servers}")
+        for path in list(self.litapi_request_queues):
+            self.litapi_request_queues[path] = RequestQueue()
+        self._transport = PipeTransport(num_api_servers)
+        return manager
+
+    async def answer(self, payload: Any, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        """Queue one request :class:`RequestGuard` parsed for the inference workers and send its answer.
+
+        What LitServe's ``POST /predict`` route does (its request handler queues the payload, the answer comes
+        back through the response buffer), without the second parse of the body, FastAPI's routing and the
+        thread its dependency (the auth check, none here) runs in. A worker's error is answered as
+        ``{"error": ...}`` with its status (LitServe's: a request timed out in the queue 504, anything else 500).
+        """
+        handler = self.__dict__.get("_mmte_handler")
+        if handler is None:
+            handler = self._mmte_handler = RegularRequestHandler(self.lit_api, self)
+        uid, _ = await handler._submit_request(payload)
+        event = asyncio.Event()
+        self.response_buffer[uid] = ResponseBufferItem(event)
+        try:
+            await event.wait()
+            response, status = self.response_buffer.pop(uid).response
+        finally:
+            self.response_buffer.pop(uid, None)
+        if status == LitAPIStatus.ERROR:
+            response = _worker_error(response)
+        self._callback_runner.trigger_event(EventTypes.ON_RESPONSE.value, litserver=self)
+        await response(scope, receive, send)
+
     def _start_server(self, port: Any, num_uvicorn_servers: Any, log_level: Any, sockets: Any, uvicorn_worker_type: Any, **kwargs: Any) -> Any:
         self._mmte_sockets = sockets
         self._mmte_api_procs = super()._start_server(port, num_uvicorn_servers, log_level, sockets, uvicorn_worker_type, **kwargs)
@@ -182,6 +233,19 @@ class MMTEServer(ls.LitServer):
         super()._perform_graceful_shutdown(manager, {k: w for k, w in uvicorn_workers.items() if w.is_alive()}, "normal")
 
 
+def _worker_error(error: Any) -> JSONResponse:
+    """An inference worker's error (an HTTPException, pickled or not, or another exception) as ``{"error": ...}``."""
+    if isinstance(error, bytes):
+        try:
+            error = pickle.loads(error)
+        except Exception:  # noqa: BLE001 - an exception that does not unpickle is still a server error
+            error = None
+    if isinstance(error, StarletteHTTPException):
+        return JSONResponse({"error": error.detail if isinstance(error.detail, str) else json.dumps(error.detail)}, status_code=error.status_code)
+    logger.error("an inference worker failed: %r", error)
+    return JSONResponse({"error": "Internal server error"}, status_code=500)
+
+
 class _Stop(KeyboardInterrupt):
     """Raised in the main process by SIGTERM / SIGINT: LitServer.run's own way out into its shutdown."""
 
@@ -202,6 +266,9 @@ def run_server(api: ls.LitAPI, info: dict[str, Any], host: str = "127.0.0.1", po
     """
     server = MMTEServer(api, accelerator="cpu", devices=1, workers_per_device=workers, timeout=timeout, info_path="/litserve/info",
                         middlewares=[(RequestGuard, {"max_body": max_body})])
+    for m in server.app.user_middleware:
+        if m.cls is RequestGuard:
+            m.kwargs["answer"] = server.answer
     server.uvicorn_graceful_timeout = MMTEServer.drain_s - 1.0  # uvicorn's own limit for the requests in flight
     server.app.add_exception_handler(StarletteHTTPException, _http_error)
     full = {**info, "server": {"host": host, "port": port, "workers": workers, "max_batch_size": api.max_batch_size,
