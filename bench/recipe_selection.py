@@ -23,6 +23,13 @@ better validation value; its test split is read once:
   --config recipes/<recipe>.yaml --ckpt_path best`` on the winner's run, once (and, for a recipe with no
   ``--test`` of its study, the baselines on the same test rows).
 
+Structural settings (the trunk's size, embeddings, patching, the audio stem, augmentation, EMA, betas, warmup),
+which the earlier recipes had compared on the test split, have a second study per recipe, by the command at the top
+of ``recipes/tune/<recipe>.structure.space.yaml`` (into ``runs/tune/<recipe>.structure/``). No trial of it is
+tested. ``--structure`` makes ``--compare``, ``--length``, ``--budget`` and ``--test-shipped`` act on it: A is the
+recipe as it is (the values the first study shipped), B the structural study's best trial, both at full length;
+``--structure --test-shipped`` refuses when A won (the recipe is unchanged and its stored test figure stands).
+
 ``fsdd_speakers`` has no ``--test`` of its study's best trial: its test speaker (george, held out of the
 study and of both full-length runs by ``--data.init_args.test_groups '[george]'``) is read once, by
 ``--test-shipped``, beside the baselines of bench/generalisation.py (the pooled-fbank logistic regression and
@@ -35,6 +42,8 @@ the small CNN) trained on the same three training speakers.
     python bench/recipe_selection.py --test-shipped etth1_forecast
     python bench/recipe_selection.py --compare fsdd_speakers /tmp/fsdd/A /tmp/fsdd/B   # no --test: george is read once, next line
     python bench/recipe_selection.py --test-shipped fsdd_speakers
+    python bench/recipe_selection.py --structure --compare diamonds_tabular /tmp/dia/A /tmp/struct/dia_B
+    python bench/recipe_selection.py --structure --test-shipped diamonds_tabular   # only when B won
     python bench/recipe_selection.py --update-doc                              # the tables, from what is stored
 """
 
@@ -125,13 +134,20 @@ def dotted(config: dict, key: str):
     return config
 
 
+def _parsed(value):
+    """A value as the recipe parser reads it (trials.csv and the structural choices hold YAML text)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+
+
 def same(a, b) -> bool:
     """Whether two recipe values are the same (numbers compared as floats; a value written as a YAML string,
     as a structural choice is, compared parsed)."""
-    if isinstance(a, str) and a.strip().startswith(("{", "[")):
-        a = yaml.safe_load(a)
-    if isinstance(b, str) and b.strip().startswith(("{", "[")):
-        b = yaml.safe_load(b)
+    a, b = (_parsed(v) for v in (a, b))
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
@@ -290,6 +306,12 @@ def structure_table(results: dict) -> str:
                  f"`recipes/tune/{name}.structure.space.yaml`: " + ", ".join(f"{k.removeprefix('model.')} {fmt(v)}" for k, v in s["best_params"].items())
                  + f": {spec['metric']} {s['best_value']:.4f}"]
         full = st.get("full_length")
+        if st.get("best_is_recipe"):
+            stood = r.get("full_length", {}).get("test")
+            rows.append(cells + ["not needed: the study's best trial is the recipe's own structure", "", "", "A (the recipe, unchanged)",
+                                 "not read again" + (f"; its test figure stands ({spec['test_metric']} {stood:.4f})" if stood is not None else ""),
+                                 ", ".join(f"{k} {v:.4f}" for k, v in r.get("baselines", {}).items())])
+            continue
         if not full:
             rows.append(cells + ["not trained at full length yet", "", "", "", "not read", ""])
             continue
@@ -320,13 +342,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--length", nargs=2, action="append", default=[], metavar=("RECIPE", "TEXT"),
                    help="the training length both full-length runs had, as said in the table")
     p.add_argument("--test-shipped", choices=sorted(RECIPES), help="run mmte test once on the shipped recipe (the validation winner's run)")
+    p.add_argument("--best-is-recipe", choices=sorted(RECIPES),
+                   help="with --structure: store that the structural study's best trial is the recipe's own structure (checked against "
+                        "the recipe file), so no full-length comparison is needed and the recipe's test figure stands")
     p.add_argument("--structure", action="store_true",
                    help="--compare, --length, --budget and --test-shipped act on the recipe's structural study "
                         "(recipes/tune/<recipe>.structure.space.yaml, runs/tune/<recipe>.structure)")
     _doc.add_argument(p, "recipe-selection")
     args = p.parse_args(argv)
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    if args.structure:
+    if args.structure or args.best_is_recipe:
         return structure_main(args, results)
     if args.compare:
         name, run_a, run_b = args.compare
@@ -377,6 +402,18 @@ def structure_main(args, results: dict) -> int:
             raise SystemExit(f"{name}: the shipped recipe's test split was read already; the structural comparison stays as stored in {RESULTS}")
         st["study"] = study_summary(name, "structure")
         st["full_length"] = compare(name, Path(run_a), Path(run_b), "structure")
+        print(json.dumps({name: st}), flush=True)
+        RESULTS.write_text(json.dumps(results, indent=1))
+    if args.best_is_recipe:
+        name = args.best_is_recipe
+        st = results.setdefault(name, {}).setdefault("structure", {})
+        st["study"] = study_summary(name, "structure")
+        recipe = yaml.safe_load((ROOT / "recipes" / f"{name}.yaml").read_text())
+        differ = {k: v for k, v in st["study"]["best_params"].items() if not same(dotted(recipe, k), v)}
+        if differ:
+            raise SystemExit(f"{name}: the structural study's best trial differs from recipes/{name}.yaml in {differ}; "
+                             "expected --structure --compare of the two at full length")
+        st["best_is_recipe"] = True
         print(json.dumps({name: st}), flush=True)
         RESULTS.write_text(json.dumps(results, indent=1))
     for name, text in args.length:
