@@ -7,8 +7,11 @@ export --format onnx``, and served three times on 127.0.0.1 by ``mmte serve`` wi
 (onnxruntime on the exported graph). Each server gets a warm-up, then at each concurrency (1, 8, 32:
 client threads, one keep-alive connection each) a bounded run: ``--requests`` requests or
 ``--cell-seconds`` seconds, whichever ends first. Reported: throughput (answers per second) and the
-p50 / p99 latency of one request as the client sees it. The floor: the in-process latency of the
-inference copy (``model.inference()``) on one preprocessed item, in the same process as no server.
+p50 / p99 latency of one request as the client sees it, and the server's CPU time a request (every
+process of it, from ``/proc``: less sensitive than latency to other jobs on the machine). The floor: the
+in-process latency of the inference copy (``model.inference()``) on one preprocessed item, in the same
+process as no server. Beside it, not part of it: the in-process preprocessing of one request
+(``spec.decode``: for a WAV the read, resampling and log-mel), which the server does per request too.
 
 The load check (the quickstart served in fp32, ``32-true``): ``--load-requests`` requests at concurrency 32 with 1%
 malformed ones of six kinds mixed in; counted: good answers equal to ``mmte predict``'s (class, and
@@ -22,8 +25,9 @@ Usage::
     python bench/serve.py                          # both models, then the load check
     python bench/serve.py --models quickstart --requests 200 --load-requests 2000
     python bench/serve.py --update-doc             # + BENCHMARKS.md's serve section
+    python bench/serve.py --models quickstart --runtimes inference --requests 200 --load-requests 0   # a quick look (~1 min)
 
-Output: tables on stdout, JSON in ``bench/results/serve.json``.
+Output: tables on stdout, JSON in ``bench/results/serve.json``; the run's wall time at the end.
 """
 
 from __future__ import annotations
@@ -115,11 +119,13 @@ def _jobs(name: str, root: Path, fsdd: Path) -> list[Job]:
     return [Job(*multipart("audio", w.name, w.read_bytes()), tag=w.name) for w in wavs]
 
 
-def floor_ms(model: dict, reps: int) -> float:
-    """Median ms of the inference copy on one preprocessed item, in this process (no server)."""
+def floor_ms(model: dict, reps: int) -> tuple[float, float]:
+    """Median ms of the inference copy on one preprocessed item, in this process (no server), and median ms of
+    the preprocessing of one request (decoded as the server decodes it)."""
     import torch
 
     from mmte.cli.serve import served_model
+    from mmte.serve.api import _one_thread
 
     served = served_model([*model["base"], "--ckpt_path", "best"])
     job = model["jobs"][0]
@@ -131,7 +137,7 @@ def floor_ms(model: dict, reps: int) -> float:
     batch = served.spec.collate(samples)
     infer = served.module.inference_model
     ctx = served.step_context or contextlib.nullcontext
-    times = []
+    times, pre = [], []
     with torch.inference_mode(), ctx():
         for _ in range(max(10, reps // 10)):
             infer(batch)
@@ -139,7 +145,13 @@ def floor_ms(model: dict, reps: int) -> float:
             t0 = time.perf_counter()
             infer(batch)
             times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    for _ in range(reps):
+        one = json.loads(job.body) if model["name"] == "quickstart" else {"audio": _FileField(job)}
+        t0 = time.perf_counter()
+        with _one_thread():
+            served.spec.decode(one)
+        pre.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), statistics.median(pre[len(pre) // 10:])
 
 
 class _FileField:
@@ -178,31 +190,53 @@ def server(model: dict, runtime: str, log: Path, *extra: str):
         fh.close()
 
 
-def cell(port: int, jobs: list[Job], concurrency: int, requests: int, seconds: float) -> dict:
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of process ``pid`` and its descendants (Linux ``/proc``; 0 elsewhere)."""
+    from mmte.serve.client import _children
+
+    if pid is None:
+        return 0.0
+    total, todo, tick = 0.0, [pid], os.sysconf("SC_CLK_TCK")
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/stat") as fh:
+                f = fh.read().rsplit(")", 1)[1].split()
+            total += (int(f[11]) + int(f[12])) / tick
+        except (OSError, IndexError, ValueError):
+            continue
+        todo += _children(p)
+    return total
+
+
+def cell(port: int, jobs: list[Job], concurrency: int, requests: int, seconds: float, pid: int | None = None) -> dict:
     batch = [jobs[i % len(jobs)] for i in range(requests)]
+    c0 = cpu_seconds(pid)
     t0 = time.perf_counter()
     got = [a for a in run_load(port, batch, concurrency, time_limit=seconds) if a is not None]
     wall = time.perf_counter() - t0
+    cpu = cpu_seconds(pid) - c0
     ok = sorted(a.seconds * 1e3 for a in got if a.status == 200)
     q = (lambda p: ok[min(len(ok) - 1, int(p * len(ok)))]) if ok else (lambda p: float("nan"))
     return {"concurrency": concurrency, "answered": len(ok), "errors": len(got) - len(ok), "seconds": wall,
-            "throughput": len(ok) / wall, "p50_ms": q(0.50), "p99_ms": q(0.99)}
+            "throughput": len(ok) / wall, "p50_ms": q(0.50), "p99_ms": q(0.99), "server_cpu_ms": cpu * 1e3 / max(1, len(got))}
 
 
 def bench_model(model: dict, args: argparse.Namespace) -> dict:
-    out = {"floor_ms": floor_ms(model, args.floor_reps), "cells": {}, "onnx_error": model["onnx_error"]}
-    print(f"# {model['name']}: in-process floor {out['floor_ms']:.2f} ms", flush=True)
-    for rt in RUNTIMES:
+    floor, pre = floor_ms(model, args.floor_reps)
+    out = {"floor_ms": floor, "preprocess_ms": pre, "cells": {}, "onnx_error": model["onnx_error"]}
+    print(f"# {model['name']}: in-process floor {floor:.2f} ms (preprocessing of one request, not in it: {pre:.2f} ms)", flush=True)
+    for rt in args.runtimes:
         if rt == "onnx" and model["onnx"] is None:
             continue
-        with server(model, rt, model["root"] / f"serve-{rt}.log") as (_, port):
+        with server(model, rt, model["root"] / f"serve-{rt}.log") as (proc, port):
             cell(port, model["jobs"], 32, min(320, args.requests), args.cell_seconds)  # warm-up: the batch shapes load forms
             cell(port, model["jobs"], 1, 20, args.cell_seconds)
-            for c in CONCURRENCY:
-                r = cell(port, model["jobs"], c, args.requests, args.cell_seconds)
+            for c in args.concurrency:
+                r = cell(port, model["jobs"], c, args.requests, args.cell_seconds, proc.pid)
                 out["cells"][f"{rt}/{c}"] = r
                 print(f"  {rt:9s} c={c:2d}: {r['throughput']:7.1f} req/s  p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms"
-                      f"  ({r['answered']} answered, {r['errors']} errors)", flush=True)
+                      f"  server CPU {r['server_cpu_ms']:5.2f} ms/request  ({r['answered']} answered, {r['errors']} errors)", flush=True)
     return out
 
 
@@ -287,24 +321,28 @@ def doc(results: dict) -> str:
     lines = []
     for name, r in results["models"].items():
         rows = []
-        for c in CONCURRENCY:
+        for c in results.get("concurrency", CONCURRENCY):
             cells = {rt: r["cells"].get(f"{rt}/{c}") for rt in RUNTIMES}
             inf = cells["inference"]
-            vs = [f"{inf['throughput'] / cells[rt]['throughput']:.2f}x" if cells[rt] else "n/a" for rt in ("eager", "onnx")]
+            vs = [f"{inf['throughput'] / cells[rt]['throughput']:.2f}x" if cells[rt] and inf else "n/a" for rt in ("eager", "onnx")]
             rows.append([c, *(f"{cells[rt]['throughput']:.1f}" if cells[rt] else "n/a" for rt in RUNTIMES), " / ".join(vs),
-                         *(f"{cells[rt]['p50_ms']:.1f} / {cells[rt]['p99_ms']:.1f}" if cells[rt] else "n/a" for rt in RUNTIMES)])
+                         *(f"{cells[rt]['p50_ms']:.1f} / {cells[rt]['p99_ms']:.1f}" if cells[rt] else "n/a" for rt in RUNTIMES),
+                         *(f"{cells[rt]['server_cpu_ms']:.2f}" if cells[rt] and "server_cpu_ms" in cells[rt] else "n/a" for rt in RUNTIMES)])
+        pre = f"; preprocessing of one request, in process and not in the floor: {r['preprocess_ms']:.2f} ms" if "preprocess_ms" in r else ""
         lines.append(f"**{name}** ({results['requests']} requests or {results['cell_seconds']:.0f} s a cell; in-process floor, "
-                     f"one item through the inference copy: {r['floor_ms']:.2f} ms)\n")
+                     f"one item through the inference copy: {r['floor_ms']:.2f} ms{pre})\n")
         if r.get("onnx_error"):
             lines.append(f"No onnxruntime column: `mmte export` cannot trace this model ({r['onnx_error']}).\n")
-        one, many = r["cells"]["inference/1"], r["cells"]["inference/32"]
-        targets = [f"concurrency 1: p50 {one['p50_ms'] - r['floor_ms']:+.1f} ms over the floor (target <= 2)"]
+        one, many = r["cells"].get("inference/1"), r["cells"].get("inference/32")
+        targets = [f"concurrency 1: p50 {one['p50_ms'] - r['floor_ms']:+.1f} ms over the floor (target <= 2)"] if one else []
         for rt, want in (("eager", 1.5), ("onnx", 1.0)):
-            if f"{rt}/32" in r["cells"]:
+            if many and f"{rt}/32" in r["cells"]:
                 targets.append(f"concurrency 32: {many['throughput'] / r['cells'][f'{rt}/32']['throughput']:.2f}x {rt} (target >= {want})")
-        lines.append("Against the targets: " + "; ".join(targets) + ".\n")
+        if targets:
+            lines.append("Against the targets: " + "; ".join(targets) + ".\n")
         lines.append(_doc.md_table(["concurrency", "req/s inference", "req/s eager fp32", "req/s onnxruntime", "inference vs eager / onnx",
-                                    "p50 / p99 ms inference", "p50 / p99 ms eager", "p50 / p99 ms onnx"], rows, ["r"] * 8))
+                                    "p50 / p99 ms inference", "p50 / p99 ms eager", "p50 / p99 ms onnx",
+                                    "server CPU ms/request inference", "eager", "onnx"], rows, ["r"] * 11))
         lines.append("")
     ld = results.get("load")
     if ld:
@@ -327,6 +365,8 @@ def doc(results: dict) -> str:
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", default="fsdd_speakers,quickstart", help="comma-separated: fsdd_speakers (fsdd_audio without openwakeword), quickstart")
+    p.add_argument("--runtimes", default=",".join(RUNTIMES), help=f"comma-separated subset of {','.join(RUNTIMES)}")
+    p.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)), help="comma-separated client concurrencies")
     p.add_argument("--requests", type=int, default=400, help="requests per cell (model x runtime x concurrency)")
     p.add_argument("--cell-seconds", type=float, default=20.0, help="time limit of a cell")
     p.add_argument("--floor-reps", type=int, default=200)
@@ -339,6 +379,11 @@ def main(argv=None) -> dict:
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     _doc.add_argument(p, "serve")
     args = p.parse_args(argv)
+    args.runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
+    if not args.runtimes or set(args.runtimes) - set(RUNTIMES):
+        p.error(f"--runtimes takes a comma-separated subset of {RUNTIMES}; got {args.runtimes}")
+    args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    started = time.perf_counter()
     work = Path(args.work or tempfile.mkdtemp(prefix="mmte-bench-serve-"))
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     note = ""
@@ -348,14 +393,16 @@ def main(argv=None) -> dict:
         except ImportError:
             names = [("fsdd_audio" if n == "fsdd_speakers" else n) for n in names]
             note = "fsdd_audio instead of fsdd_speakers (openwakeword not installed)"
-    results = {"requests": args.requests, "cell_seconds": args.cell_seconds, "models": {}, "note": note}
+    results = {"requests": args.requests, "cell_seconds": args.cell_seconds, "concurrency": args.concurrency, "models": {}, "note": note}
     for name in names:
         model = prepare(name, work, Path(args.fsdd))
         results["models"][name] = bench_model(model, args)
         if name == "quickstart" and args.load_requests:
             results["load"] = load_check(model, args)
             print(json.dumps(results["load"], indent=1), flush=True)
+    results["bench_seconds"] = time.perf_counter() - started
     print(doc(results))
+    print(f"# bench/serve.py took {results['bench_seconds']:.0f} s", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "serve.json").write_text(json.dumps(results, indent=1, default=str))

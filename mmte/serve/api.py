@@ -5,6 +5,11 @@ there (:func:`~mmte.serve.model.build_served`, from the command line, so nothing
 across processes), ``decode_request`` turns one request into samples, ``predict`` runs the requests
 LitServe collected (up to ``max_batch_size``) as one batch, ``encode_response`` writes each answer.
 
+Decoding (the modality's preprocessing: for audio the WAV read, resampling and log-mel) runs on one
+torch thread: its tensors are small, a second thread only adds hand-offs (and waits for a core the
+server's other processes hold); the results are the same to the bit. The forward keeps the worker's
+threads.
+
 A bad request never fails its batch: decoding catches the :class:`~mmte.serve.inputs.RequestError`
 and the request is answered with its status and ``{"error": ...}`` while the others are predicted.
 If the batched forward itself fails (items the collate cannot put together), each request is run
@@ -80,7 +85,8 @@ class ServeAPI(ls.LitAPI):
     # ----------------------------------------------------------------------------------- steps
     def decode_request(self, request):
         try:
-            samples, ids, k = self.served.spec.decode(request)
+            with _one_thread():
+                samples, ids, k = self.served.spec.decode(request)
         except RequestError as e:
             return _error(e.status, str(e))
         finally:
@@ -136,6 +142,22 @@ class ServeAPI(ls.LitAPI):
             mine, at = rows[at: at + len(r.samples)], at + len(r.samples)
             answers.append(_Answer(200, {"rows": mine} if r.many else mine[0]))
         return answers
+
+
+@contextlib.contextmanager
+def _one_thread() -> Any:
+    """torch's intra-op threads at 1 inside, restored after."""
+    import torch
+
+    n = torch.get_num_threads()
+    if n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 def _close_files(request: Any) -> None:
