@@ -484,6 +484,8 @@ def write_doc(args, results: dict) -> None:
                 if "test" in f:
                     commands.append(f"python bench/recipe_selection.py --test-shipped {name}")
         for name, r in results.items():
+            if r.get("structure", {}).get("best_is_recipe"):
+                commands.append(f"python bench/recipe_selection.py --best-is-recipe {name}")
             f = r.get("structure", {}).get("full_length")
             if f:
                 commands.append(f"python bench/recipe_selection.py --structure --compare {name} {f['runs']['A']['run']} {f['runs']['B']['run']}")
