@@ -6,7 +6,8 @@
   request reading cannot fail (it would answer 500).
 * ``POST /predict`` is answered by the guard itself (:meth:`MMTEServer.answer`): the request it parsed
   (JSON, or a form whose files are read into :class:`~mmte.serve.inputs.Upload`) goes to the workers'
-  queue as it is, with no second parse and none of FastAPI's routing and dependency thread. The queues
+  queue as it is, with no second parse and none of FastAPI's routing and dependency thread (unless
+  LitServe's ``LIT_SERVER_API_KEY`` is set: then its route, which checks the key, answers). The queues
   between the API process and the workers are pipes (:mod:`mmte.serve.transport`), not LitServe's
   manager-process queues.
 * Every error answer is ``{"error": "<one line>"}`` with a 4xx status (HTTPExceptions from LitServe or
@@ -266,9 +267,12 @@ def run_server(api: ls.LitAPI, info: dict[str, Any], host: str = "127.0.0.1", po
     """
     server = MMTEServer(api, accelerator="cpu", devices=1, workers_per_device=workers, timeout=timeout, info_path="/litserve/info",
                         middlewares=[(RequestGuard, {"max_body": max_body})])
-    for m in server.app.user_middleware:
-        if m.cls is RequestGuard:
-            m.kwargs["answer"] = server.answer
+    from litserve.server import no_auth
+
+    if server.setup_auth(api) is no_auth:  # LIT_SERVER_API_KEY set: LitServe's route, whose dependency checks the key, answers
+        for m in server.app.user_middleware:
+            if m.cls is RequestGuard:
+                m.kwargs["answer"] = server.answer
     server.uvicorn_graceful_timeout = MMTEServer.drain_s - 1.0  # uvicorn's own limit for the requests in flight
     server.app.add_exception_handler(StarletteHTTPException, _http_error)
     full = {**info, "server": {"host": host, "port": port, "workers": workers, "max_batch_size": api.max_batch_size,
