@@ -197,14 +197,18 @@ class MMTEServer(ls.LitServer):
         handler = self.__dict__.get("_mmte_handler")
         if handler is None:
             handler = self._mmte_handler = RegularRequestHandler(self.lit_api, self)
-        uid, _ = await handler._submit_request(payload)
-        event = asyncio.Event()
-        self.response_buffer[uid] = ResponseBufferItem(event)
         try:
-            await event.wait()
-            response, status = self.response_buffer.pop(uid).response
-        finally:
-            self.response_buffer.pop(uid, None)
+            uid, _ = await handler._submit_request(payload)
+            event = asyncio.Event()
+            self.response_buffer[uid] = ResponseBufferItem(event)
+            try:
+                await event.wait()
+                response, status = self.response_buffer.pop(uid).response
+            finally:
+                self.response_buffer.pop(uid, None)
+        except Exception as e:  # a fault of the server itself: still a JSON answer, logged
+            logger.exception("answering a request failed")
+            response, status = e, LitAPIStatus.ERROR
         if status == LitAPIStatus.ERROR:
             response = _worker_error(response)
         self._callback_runner.trigger_event(EventTypes.ON_RESPONSE.value, litserver=self)
