@@ -28,7 +28,8 @@ def _matrix_args(tmp: Path, name: str, precision: str, adapter: str, dp: int) ->
     args += ["--config", str(REPO / "configs" / "models" / "lora.yaml")] if adapter == "lora" else ["--model.lora", "null"]
     if precision != "fp32":
         args += ["--config", str(FP8[precision])]
-    return args + ["--trainer.max_steps", "1", "--trainer.limit_val_batches", "1", "--trainer.enable_progress_bar", "false",
+    # no validation: the equivalence runs (test_composition.py) validate under every fragment; a cell checks training
+    return args + ["--trainer.max_steps", "1", "--trainer.limit_val_batches", "0", "--trainer.num_sanity_val_steps", "0", "--trainer.enable_progress_bar", "false",
                    "--trainer.enable_model_summary", "false", "--data.init_args.batch_size", str(32 // dp),
                    "--data.init_args.eval_batch_size", "64", "--trainer.default_root_dir", str(tmp / name)]
 

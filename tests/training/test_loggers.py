@@ -30,18 +30,30 @@ def _check_merged(tmp_path: Path, get) -> None:
     assert best.parent == tmp_path / "run" / "checkpoints" and best.is_file(), best
 
 
-def _fit(tmp_path: Path, fragment: str, *flags: str) -> None:
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "MLFLOW_ALLOW_FILE_STORE": "true"}
+def _fit(tmp_path: Path, fragment: str, *flags: str, monkeypatch: pytest.MonkeyPatch | None = None) -> None:
+    """``mmte fit`` with the logger fragment: in this process (its ``main``, as the console command calls it) when
+    ``monkeypatch`` is given (the file-writing trackers), else in a fresh process (W&B, which starts its own
+    service process and wraps the console)."""
+    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "MLFLOW_ALLOW_FILE_STORE": "true"}
     args = [*QUICK, "--config", str(ROOT / "configs" / "loggers" / f"{fragment}.yaml"), "--trainer.default_root_dir", str(tmp_path / "run"), *flags]
-    r = subprocess.run([sys.executable, "-m", "mmte", "fit", *args], check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    if monkeypatch is not None:
+        from mmte.cli import main
+
+        monkeypatch.chdir(tmp_path)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        assert main(["fit", *args]) == 0
+        return
+    r = subprocess.run([sys.executable, "-m", "mmte", "fit", *args], check=False, cwd=tmp_path, env={**os.environ, **env}, capture_output=True,
+                       text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
 
 
 @pytest.mark.slow
-def test_tensorboard_fragment(tmp_path):
+def test_tensorboard_fragment(tmp_path, monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    _fit(tmp_path, "tensorboard", "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"))
+    _fit(tmp_path, "tensorboard", "--trainer.logger.init_args.save_dir", str(tmp_path / "tb"), monkeypatch=monkeypatch)
     (version,) = glob.glob(str(tmp_path / "tb" / "mmte" / "version_*"))
     events = EventAccumulator(version)
     events.Reload()
@@ -71,10 +83,10 @@ def _tensorboard_hparams(folder: str) -> dict:
 
 
 @pytest.mark.slow
-def test_csv_fragment(tmp_path):
+def test_csv_fragment(tmp_path, monkeypatch):
     import pandas as pd
 
-    _fit(tmp_path, "csv", "--trainer.logger.init_args.save_dir", str(tmp_path / "csv"))
+    _fit(tmp_path, "csv", "--trainer.logger.init_args.save_dir", str(tmp_path / "csv"), monkeypatch=monkeypatch)
     (version,) = glob.glob(str(tmp_path / "csv" / "mmte" / "version_*"))
     assert pd.read_csv(Path(version, "metrics.csv"))["val_acc"].notna().any()
     hparams = yaml.safe_load(Path(version, "hparams.yaml").read_text())
@@ -83,7 +95,7 @@ def test_csv_fragment(tmp_path):
 
 
 @pytest.mark.slow
-def test_mlflow_fragment(tmp_path):
+def test_mlflow_fragment(tmp_path, monkeypatch):
     mlflow = pytest.importorskip("mlflow")
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -92,7 +104,7 @@ def test_mlflow_fragment(tmp_path):
     csv_logger["init_args"]["save_dir"] = str(tmp_path / "csv")
     mlflow_logger["init_args"].update(tracking_uri=uri, artifact_location=str(tmp_path / "art"))
     (tmp_path / "loggers.yaml").write_text(yaml.safe_dump(fragment))
-    _fit(tmp_path, "mlflow", "--config", str(tmp_path / "loggers.yaml"))
+    _fit(tmp_path, "mlflow", "--config", str(tmp_path / "loggers.yaml"), monkeypatch=monkeypatch)
     mlflow.set_tracking_uri(uri)
     runs = mlflow.search_runs(experiment_names=["mmte"])
     assert len(runs) == 1

@@ -156,11 +156,14 @@ def _run(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.Complet
     ("model.lrr: [0.001, 0.01]\n", [], "--tune.space model.lrr"),
     ("model.lr: [0.001, 0.01]\n", ["--tune.metric", "val_mse"], "--tune.metric val_mse is not logged by this recipe, expected one of val_acc"),
 ])
-def test_unknown_key_or_unlogged_metric_fail_in_the_preflight(tmp_path, space, flags, message):
+def test_unknown_key_or_unlogged_metric_fail_in_the_preflight(tmp_path, capsys, monkeypatch, space, flags, message):
+    """``mmte tune`` here (its ``main``), its pre-flight ``mmte validate`` a real process, as users run it."""
     (tmp_path / "space.yaml").write_text(space)
-    r = _run([*_tune(tmp_path, "--tune.space", "space.yaml", "--tune.trials", "2", *flags), *SMALL], tmp_path)
-    assert r.returncode == 2, r.stderr[-2000:]
-    assert r.stderr.strip().splitlines()[-1].startswith("mmte: error: ") and message in r.stderr.strip().splitlines()[-1], r.stderr[-2000:]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    assert main([*_tune(tmp_path, "--tune.space", "space.yaml", "--tune.trials", "2", *flags), *SMALL]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("mmte: error: ") and message in err[-1], err[-20:]
     assert not (tmp_path / "out" / "trials").exists()
 
 
