@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import _doc
-from mmte.serve.client import Job, multipart, rss_mb, run_load, wait_healthy
+from mmte.serve.client import Job, cpu_seconds, multipart, rss_mb, run_load, wait_healthy
 
 RUNTIMES = ("inference", "eager", "onnx")
 CONCURRENCY = (1, 8, 32)
@@ -190,32 +190,13 @@ def server(model: dict, runtime: str, log: Path, *extra: str):
         fh.close()
 
 
-def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU seconds of process ``pid`` and its descendants (Linux ``/proc``; 0 elsewhere)."""
-    from mmte.serve.client import _children
-
-    if pid is None:
-        return 0.0
-    total, todo, tick = 0.0, [pid], os.sysconf("SC_CLK_TCK")
-    while todo:
-        p = todo.pop()
-        try:
-            with open(f"/proc/{p}/stat") as fh:
-                f = fh.read().rsplit(")", 1)[1].split()
-            total += (int(f[11]) + int(f[12])) / tick
-        except (OSError, IndexError, ValueError):
-            continue
-        todo += _children(p)
-    return total
-
-
 def cell(port: int, jobs: list[Job], concurrency: int, requests: int, seconds: float, pid: int | None = None) -> dict:
     batch = [jobs[i % len(jobs)] for i in range(requests)]
-    c0 = cpu_seconds(pid)
+    c0 = cpu_seconds(pid) if pid is not None else 0.0
     t0 = time.perf_counter()
     got = [a for a in run_load(port, batch, concurrency, time_limit=seconds) if a is not None]
     wall = time.perf_counter() - t0
-    cpu = cpu_seconds(pid) - c0
+    cpu = cpu_seconds(pid) - c0 if pid is not None else 0.0
     ok = sorted(a.seconds * 1e3 for a in got if a.status == 200)
     q = (lambda p: ok[min(len(ok) - 1, int(p * len(ok)))]) if ok else (lambda p: float("nan"))
     return {"concurrency": concurrency, "answered": len(ok), "errors": len(got) - len(ok), "seconds": wall,

@@ -4,7 +4,6 @@ learning on real data with a frozen backbone (only tokenizer + head trained)."""
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -257,12 +256,6 @@ def test_missing_modality_gets_zero_gradients():
     assert all(p.grad is None for n, p in plain.named_parameters() if n.startswith("tokenizers.tabular."))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
@@ -302,9 +295,9 @@ def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 def test_ddp_batches_lacking_a_modality(tmp_path):
     import torch.multiprocessing as mp
 
-    from tests.parallel._dist import start_method
+    from tests.parallel._dist import free_port, start_method
 
-    mp.start_processes(_ddp_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True, start_method=start_method())
+    mp.start_processes(_ddp_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True, start_method=start_method())
     for r in range(2):
         res = torch.load(tmp_path / f"rank{r}.pt")
         assert res[True] == "ok", res

@@ -3,8 +3,8 @@
 Used by the serving tests and ``bench/serve.py`` (loopback only): :func:`multipart` builds a file
 upload as ``curl -F`` sends it, :func:`run_load` sends a list of requests from ``concurrency``
 threads (one keep-alive connection each, a time limit for the whole run) and records each answer's
-status, body and latency, :func:`rss_mb` reads the resident memory of a server's process tree from
-``/proc``. Standard library only, so a load run adds no dependency.
+status, body and latency, :func:`rss_mb` and :func:`cpu_seconds` read the resident memory and the CPU time of a
+server's process tree (:func:`process_tree`) from ``/proc``. Standard library only, so a load run adds no dependency.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Answer", "Job", "get", "multipart", "post", "rss_mb", "run_load", "wait_healthy"]
+__all__ = ["Answer", "Job", "cpu_seconds", "get", "multipart", "post", "process_tree", "rss_mb", "run_load", "wait_healthy"]
 
 
 @dataclass
@@ -153,18 +153,39 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
-def rss_mb(pid: int) -> float:
-    """Resident memory (``VmRSS``) of process ``pid`` and all its descendants, in MiB (Linux ``/proc``)."""
-    total, todo, seen = 0, [pid], set()
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants, each once (Linux ``/proc``; a process that ended meanwhile is left out)."""
+    out, todo, seen = [], [pid], set()
     while todo:
         p = todo.pop()
-        if p in seen:
+        if p in seen or not os.path.isdir(f"/proc/{p}"):
             continue
         seen.add(p)
+        out.append(p)
+        todo += _children(p)
+    return out
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory (``VmRSS``) of process ``pid`` and all its descendants, in MiB (Linux ``/proc``)."""
+    total = 0
+    for p in process_tree(pid):
         try:
             with open(f"/proc/{p}/status") as fh:
                 total += next((int(line.split()[1]) for line in fh if line.startswith("VmRSS:")), 0)
         except OSError:
             continue
-        todo += _children(p)
     return total / 1024
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and all its descendants (Linux ``/proc``)."""
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    for p in process_tree(pid):
+        try:
+            with open(f"/proc/{p}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            continue
+    return total

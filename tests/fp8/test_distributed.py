@@ -2,19 +2,12 @@
 history and scales of the max over ranks, for forward and gradient roles."""
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.parallel._dist import start_method
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.parallel._dist import free_port, start_method
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
@@ -52,7 +45,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 @pytest.mark.slow
 def test_amax_reduced_across_ranks(tmp_path):
     world = 2
-    mp.start_processes(_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, start_method=start_method(), join=True)
+    mp.start_processes(_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, start_method=start_method(), join=True)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world))
     for s in range(2):
         torch.testing.assert_close(r0[s]["hist"], r1[s]["hist"], rtol=0, atol=0)
@@ -120,7 +113,7 @@ def test_tensor_parallel_fp8_matches_single_device(tmp_path):
     same FP8 codes; only the fp32 summation order of the row-wise partial sums differs), and their
     amax histories stay equal to the single-device ones."""
     world = 2
-    mp.start_processes(_tp_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, start_method=start_method(), join=True)
+    mp.start_processes(_tp_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, start_method=start_method(), join=True)
     for r in range(world):
         res = torch.load(tmp_path / f"tp{r}.pt", weights_only=False)
         ref, tp = res["ref"], res["tp"]

@@ -124,12 +124,10 @@ def fork_ranks(world: int) -> int | None:
     once every rank ended: the launch's exit status (0, or the first failure; a rank killed by a signal is
     reported as torchrun reports it, ``exitcode  : -N``, and ends the others, as torchrun does)."""
     import signal
-    import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+    from tests.parallel._dist import free_port
+
+    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
               "GROUP_RANK": "0", "ROLE_WORLD_SIZE": str(world), "TORCHELASTIC_RUN_ID": f"cli-fit-{os.getpid()}"}
     ranks: dict[int, int] = {}
     for rank in range(world):
