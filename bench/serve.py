@@ -4,8 +4,9 @@ For each model (``fsdd_speakers``: a WAV upload per request; ``quickstart``: an 
 recipe is trained for a few steps (the bench measures serving, not accuracy), exported with ``mmte
 export --format onnx``, and served three times on 127.0.0.1 by ``mmte serve`` with ``--runtime``
 ``inference`` (predict's inference copy, the default), ``eager`` (the plain fp32 model) and ``onnx``
-(onnxruntime on the exported graph). Each server gets a warm-up, then at each concurrency (1, 8, 32:
-client threads, one keep-alive connection each) a bounded run: ``--requests`` requests or
+(onnxruntime on the exported graph), each with the same ``--workers`` (inference worker processes; the
+cores are split between them, and onnxruntime computes on as many threads as torch). Each server gets a warm-up, then at
+each concurrency (1, 8, 32: keep-alive connections, each sending its next request when its answer is back) a bounded run: ``--requests`` requests or
 ``--cell-seconds`` seconds, whichever ends first. Reported: throughput (answers per second) and the
 p50 / p99 latency of one request as the client sees it, and the server's CPU time a request (every
 process of it, from ``/proc``: less sensitive than latency to other jobs on the machine). The floor: the
@@ -26,6 +27,7 @@ Usage::
     python bench/serve.py --models quickstart --requests 200 --load-requests 2000
     python bench/serve.py --update-doc             # + BENCHMARKS.md's serve section
     python bench/serve.py --models quickstart --runtimes inference --requests 200 --load-requests 0   # a quick look (~1 min)
+    python bench/serve.py --workers 2 --load-requests 0 --update-doc   # two one-thread workers: its own section
 
 Output: tables on stdout, JSON in ``bench/results/serve.json``; the run's wall time at the end.
 """
@@ -171,7 +173,7 @@ class _FileField:
 @contextlib.contextmanager
 def server(model: dict, runtime: str, log: Path, *extra: str):
     port = _port()
-    args = [*model["base"], "--ckpt_path", "best", "--port", str(port), "--runtime", runtime, *extra]
+    args = [*model["base"], "--ckpt_path", "best", "--port", str(port), "--runtime", runtime, *model.get("serve_args", []), *extra]
     if runtime == "onnx":
         args += ["--onnx", model["onnx"]]
     fh = open(log, "a")  # noqa: SIM115 - closed below
@@ -310,7 +312,9 @@ def doc(results: dict) -> str:
                          *(f"{cells[rt]['p50_ms']:.1f} / {cells[rt]['p99_ms']:.1f}" if cells[rt] else "n/a" for rt in RUNTIMES),
                          *(f"{cells[rt]['server_cpu_ms']:.2f}" if cells[rt] and "server_cpu_ms" in cells[rt] else "n/a" for rt in RUNTIMES)])
         pre = f"; preprocessing of one request, in process and not in the floor: {r['preprocess_ms']:.2f} ms" if "preprocess_ms" in r else ""
-        lines.append(f"**{name}** ({results['requests']} requests or {results['cell_seconds']:.0f} s a cell; in-process floor, "
+        workers = results.get("workers", 1)
+        lines.append(f"**{name}** ({results['requests']} requests or {results['cell_seconds']:.0f} s a cell; every server with {workers} inference "
+                     f"worker{'s' if workers != 1 else ''}; in-process floor, "
                      f"one item through the inference copy: {r['floor_ms']:.2f} ms{pre})\n")
         if r.get("onnx_error"):
             lines.append(f"No onnxruntime column: `mmte export` cannot trace this model ({r['onnx_error']}).\n")
@@ -351,6 +355,7 @@ def main(argv=None) -> dict:
     p.add_argument("--requests", type=int, default=400, help="requests per cell (model x runtime x concurrency)")
     p.add_argument("--cell-seconds", type=float, default=20.0, help="time limit of a cell")
     p.add_argument("--floor-reps", type=int, default=200)
+    p.add_argument("--workers", type=int, default=1, help="mmte serve --workers of every server (default 1; the cores are split between them)")
     p.add_argument("--load-requests", type=int, default=10000, help="requests of the load check (0: skip it)")
     p.add_argument("--load-seconds", type=float, default=600.0, help="time limit of the load check")
     p.add_argument("--sigterm-requests", type=int, default=2000)
@@ -374,9 +379,11 @@ def main(argv=None) -> dict:
         except ImportError:
             names = [("fsdd_audio" if n == "fsdd_speakers" else n) for n in names]
             note = "fsdd_audio instead of fsdd_speakers (openwakeword not installed)"
-    results = {"requests": args.requests, "cell_seconds": args.cell_seconds, "concurrency": args.concurrency, "models": {}, "note": note}
+    results = {"requests": args.requests, "cell_seconds": args.cell_seconds, "concurrency": args.concurrency, "workers": args.workers, "models": {},
+               "note": note}
     for name in names:
         model = prepare(name, work, Path(args.fsdd))
+        model["serve_args"] = ["--workers", str(args.workers)] if args.workers != 1 else []
         results["models"][name] = bench_model(model, args)
         if name == "quickstart" and args.load_requests:
             results["load"] = load_check(model, args)
@@ -386,11 +393,13 @@ def main(argv=None) -> dict:
     print(f"# bench/serve.py took {results['bench_seconds']:.0f} s", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "serve.json").write_text(json.dumps(results, indent=1, default=str))
+    section = "serve" if args.workers == 1 else f"serve-workers-{args.workers}"
+    (out / f"{section}.json").write_text(json.dumps(results, indent=1, default=str))
     if args.update_doc:
         load = f"load average (uptime) {os.getloadavg()[0]:.2f} at the end, machine shared with other jobs"
-        _doc.update_doc("serve", doc(results), _doc.command_line("bench/serve.py", argv), args.update_doc,
-                        machine=_doc.machine_line(note="; ".join(x for x in (note, load) if x)), title="Serving")
+        title = "Serving" if args.workers == 1 else f"Serving with {args.workers} inference workers"
+        _doc.update_doc(section, doc(results), _doc.command_line("bench/serve.py", argv), args.update_doc,
+                        machine=_doc.machine_line(note="; ".join(x for x in (note, load) if x)), title=title)
     return results
 
 

