@@ -3,7 +3,9 @@
 ``W x + (alpha / rank) B A x`` with ``A`` [rank, in] and ``B`` [out, rank]; ``B`` starts at zero, so a
 model's output is unchanged when the adapters are added. The adapter is a child module ``lora`` of the
 Linear it adapts (parameters ``<linear>.lora.A`` / ``.B``): a later pass that *replaces* Linears (an
-FP8 conversion) carries ``lora`` and the hook over.
+FP8 conversion) carries ``lora`` and the hook over. A frozen copy for inference folds each adapter into
+its Linear's weight (:func:`merge_lora`): one GEMM instead of three, and no hook, so the packed
+inference layers run their flat path.
 
 ``lr_scale`` multiplies the learning rate of an adapter's parameters (the optimiser groups of
 :func:`mmte.training.optim.param_group_spec` read it from the module): adapters on a pretrained trunk
@@ -22,7 +24,7 @@ from torch import nn
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_LORA_TARGETS", "LoRA", "apply_lora"]
+__all__ = ["DEFAULT_LORA_TARGETS", "LoRA", "apply_lora", "merge_lora"]
 
 DEFAULT_LORA_TARGETS = ("layers.*.self_attention.layernorm_qkv.linear", "layers.*.self_attention.proj")
 
@@ -92,3 +94,31 @@ def apply_lora(
             done.append(n)
     logger.info("added LoRA (rank %d) to %d backbone Linears", rank, len(done))
     return done
+
+
+def merge_lora(module: nn.Module) -> int:
+    """Fold every :class:`LoRA` adapter inside ``module`` into the weight of the Linear it adapts, in place:
+    ``W += scale * B A`` (summed in fp32, stored in the weight's dtype), then the adapter and its hook go. The
+    merged Linear computes what the Linear and its adapter computed (in eval mode: an adapter's dropout is
+    off) with one GEMM. For frozen inference copies (:func:`mmte.inference.optimize`); the adapter cannot be
+    trained or split off again afterwards.
+
+    Returns:
+        how many adapters were merged.
+    """
+    n = 0
+    for m in list(module.modules()):
+        lora = m._modules.get("lora")
+        if not isinstance(lora, LoRA) or not isinstance(getattr(m, "weight", None), torch.Tensor):
+            continue
+        hooks = [k for k, h in m._forward_hooks.items() if h is _lora_hook]
+        if not hooks:
+            continue
+        with torch.no_grad():
+            delta = (lora.B.detach().float() @ lora.A.detach().float()) * lora.scale
+            m.weight.copy_((m.weight.float() + delta.to(m.weight.device)).to(m.weight.dtype))
+        for k in hooks:
+            del m._forward_hooks[k]
+        del m._modules["lora"]
+        n += 1
+    return n

@@ -191,6 +191,37 @@ def test_lora_linear_equals_the_naive_low_rank_update():
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
 
 
+def test_inference_copy_merges_lora_into_the_weights_and_runs_the_flat_layers():
+    """The inference copy folds each adapter into its Linear (W + scale B A): the same logits as the model with its
+    adapters (fp32 within 1e-5), no adapter or hook left in the copy, so the packed layers take their flat path, and
+    the trained model keeps its adapters."""
+    from mmte.inference import PackedTransformerLayer
+    from mmte.lora import LoRA, _lora_hook
+
+    torch.manual_seed(0)
+    model = mmte.MetaTransformer({"image": IMG}, "tiny", {"h": {"name": "classification", "num_classes": 3}}, lora={"rank": 4, "alpha": 8}).eval()
+    adapters = [m for m in model.modules() if isinstance(m, LoRA)]
+    with torch.no_grad():
+        for m in adapters:
+            m.B.normal_(std=0.5)  # trained adapters: not the identity they start as
+    x = {"image": image_batch(3)}
+    with torch.no_grad():
+        ref = model(x)["h"]
+        inf = model.inference("fp32")
+        out = inf(x)["h"]
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    copy_modules = list(inf.model.modules())
+    assert not any(isinstance(m, LoRA) for m in copy_modules)
+    assert not any(h is _lora_hook for m in copy_modules for h in m._forward_hooks.values())
+    assert sum(type(m) is PackedTransformerLayer for m in copy_modules) == 2
+    assert len(adapters) == 4 and adapters == [m for m in model.modules() if isinstance(m, LoRA)]  # the original keeps them
+    with torch.no_grad():
+        assert torch.equal(model(x)["h"], ref)  # the original still computes with its adapters
+        for m in adapters:
+            m.B.zero_()
+        assert (model(x)["h"] - ref).abs().max() > 1e-2  # the adapters matter: a copy that dropped them fails above
+
+
 def test_lora_starts_as_identity_and_trains_only_adapters():
     torch.manual_seed(0)
     plain = mmte.MetaTransformer({"image": IMG}, "tiny", {"h": {"name": "classification", "num_classes": 3}})

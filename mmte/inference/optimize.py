@@ -1,8 +1,9 @@
 """The inference path: a trained model made ready for prediction on the machine it runs on.
 
 :func:`optimize` (also ``MetaTransformer.inference()``) returns an :class:`InferenceModel`: a copy of
-the model in eval mode with every parameter frozen, whose backbones hold their weights in the chosen
-dtype, called under ``torch.inference_mode``:
+the model in eval mode with every parameter frozen, its LoRA adapters folded into the weights they adapt
+(:func:`mmte.lora.merge_lora`: one GEMM instead of three, no hook), whose backbones hold their weights in the
+chosen dtype, called under ``torch.inference_mode``:
 
 * ``"bf16"``: the backbones' parameters are stored in bfloat16 and their activations run in bf16
   (``Backbone.compute_dtype``; tokens are cast on the way in and the hidden states back to fp32 on the
@@ -43,6 +44,7 @@ import torch
 from torch import nn
 
 from .. import device as mdev
+from ..lora import merge_lora
 from ..te.stack import TransformerStack
 from .convert import prepack_stack
 from .fp32 import keep_fp32
@@ -150,6 +152,9 @@ def optimize(
     want = resolve_dtype(dtype, device)
     m = copy.deepcopy(model).eval()
     m.requires_grad_(False)
+    merged = merge_lora(m)
+    if merged:
+        logger.info("merged %d LoRA adapter(s) into their Linears' weights (one GEMM each, no hook)", merged)
     backbones = _backbones(m)
     if want in ("bf16", "fp8") and not backbones:
         raise ValueError(f"inference dtype {want!r} applies to mmte backbones; {type(model).__name__} holds none (use dtype='fp32')")
