@@ -29,6 +29,8 @@ of ``recipes/tune/<recipe>.structure.space.yaml`` (into ``runs/tune/<recipe>.str
 tested. ``--structure`` makes ``--compare``, ``--length``, ``--budget`` and ``--test-shipped`` act on it: A is the
 recipe as it is (the values the first study shipped), B the structural study's best trial, both at full length;
 ``--structure --test-shipped`` refuses when A won (the recipe is unchanged and its stored test figure stands).
+``--remaining`` does the same for the third study, ``recipes/tune/<recipe>.remaining.space.yaml`` (the settings
+the first two left as chosen on the test split: warmup, batch size, the cycle, the crop, ...).
 
 ``fsdd_speakers`` has no ``--test`` of its study's best trial: its test speaker (george, held out of the
 study and of both full-length runs by ``--data.init_args.test_groups '[george]'``) is read once, by
@@ -92,9 +94,10 @@ RECIPES = {
 }
 
 
-#: the two studies of a recipe: "" its optimisation settings (lr, weight decay, dropout; ``<recipe>.space.yaml``),
-#: "structure" its structural ones (sizes, embeddings, patching, stem, ...; ``<recipe>.structure.space.yaml``)
-KINDS = ("", "structure")
+#: the studies of a recipe: "" its optimisation settings (lr, weight decay, dropout; ``<recipe>.space.yaml``),
+#: "structure" its structural ones (sizes, embeddings, patching, stem, ...; ``<recipe>.structure.space.yaml``),
+#: "remaining" the settings those two left (warmup, batch size, cycle, crop, ...; ``<recipe>.remaining.space.yaml``)
+KINDS = ("", "structure", "remaining")
 
 
 def _suffix(kind: str) -> str:
@@ -293,21 +296,22 @@ def full_table(results: dict) -> str:
                           "shipped (better validation)", "shipped, test read once", "baselines (same test rows)"], rows)
 
 
-def structure_table(results: dict) -> str:
-    """The structural studies: budget, best trial, the full-length A/B on validation, what ships and its test figure."""
+def structure_table(results: dict, kind: str = "structure") -> str:
+    """The structural (or ``remaining``) studies: budget, best trial, the full-length A/B on validation, what ships and its
+    test figure."""
     rows = []
     for name, r in results.items():
-        st, spec = r.get("structure"), RECIPES[name]
+        st, spec = r.get(kind), RECIPES[name]
         if not st:
             continue
         s = st["study"]
         states = ", ".join(f"{n} {k.lower()}" for k, n in sorted(s["states"].items()))
         cells = [f"`recipes/{name}.yaml`", f"{s['trials']} trials ({states})" + (f"; {st['budget']}" if st.get("budget") else ""),
-                 f"`recipes/tune/{name}.structure.space.yaml`: " + ", ".join(f"{k.removeprefix('model.')} {fmt(v)}" for k, v in s["best_params"].items())
+                 f"`recipes/tune/{name}.{kind}.space.yaml`: " + ", ".join(f"{k.removeprefix('model.')} {fmt(v)}" for k, v in s["best_params"].items())
                  + f": {spec['metric']} {s['best_value']:.4f}"]
         full = st.get("full_length")
         if st.get("best_is_recipe") and not full:
-            stood = r.get("full_length", {}).get("test")
+            stood = shipped_test(r, kind)
             rows.append(cells + ["not needed: the study's best trial is the recipe's own structure", "", "", "A (the recipe, unchanged)",
                                  "not read again" + (f"; its test figure stands ({spec['test_metric']} {stood:.4f})" if stood is not None else ""),
                                  ", ".join(f"{k} {v:.4f}" for k, v in r.get("baselines", {}).items())])
@@ -323,13 +327,23 @@ def structure_table(results: dict) -> str:
         if "test" in full:
             test = f"{spec['test_metric']} **{full['test']:.4f}**"
         elif full["winner"] == "A":
-            stood = r.get("full_length", {}).get("test")
+            stood = shipped_test(r, kind)
             test = "not read again: A is the recipe as it was" + (f"; its test figure stands ({spec['test_metric']} {stood:.4f})" if stood is not None else "")
         else:
             test = "not read yet"
         rows.append(cells + [winner, test, ", ".join(f"{k} {v:.4f}" for k, v in r.get("baselines", {}).items())])
-    return _doc.md_table(["recipe", "study budget", "space: best trial, its validation", "full length (both runs)", "A: the recipe's structure",
-                          "B: the study's best", "shipped (better validation)", "shipped, test read once", "baselines (same test rows)"], rows)
+    a_b = ["A: the recipe's structure", "B: the study's best"] if kind == "structure" else ["A: the recipe as it was", "B: the study's best or another length"]
+    return _doc.md_table(["recipe", "study budget", "space: best trial, its validation", "full length (both runs)", *a_b,
+                          "shipped (better validation)", "shipped, test read once", "baselines (same test rows)"], rows)
+
+
+def shipped_test(r: dict, kind: str):
+    """The test figure that stands for a recipe before the ``kind`` study: the latest study's before it that read one."""
+    for earlier in reversed(KINDS[:KINDS.index(kind)]):
+        full = r.get(earlier, {}).get("full_length", {}) if earlier else r.get("full_length", {})
+        if "test" in full:
+            return full["test"]
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -348,11 +362,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--structure", action="store_true",
                    help="--compare, --length, --budget and --test-shipped act on the recipe's structural study "
                         "(recipes/tune/<recipe>.structure.space.yaml, runs/tune/<recipe>.structure)")
+    p.add_argument("--remaining", action="store_true",
+                   help="as --structure, on the study of the settings the first two left (recipes/tune/<recipe>.remaining.space.yaml, "
+                        "runs/tune/<recipe>.remaining)")
     _doc.add_argument(p, "recipe-selection")
     args = p.parse_args(argv)
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    if args.structure or args.best_is_recipe:
-        return structure_main(args, results)
+    if args.structure or args.remaining or args.best_is_recipe:
+        return structure_main(args, results, "remaining" if args.remaining else "structure")
     if args.compare:
         name, run_a, run_b = args.compare
         results.setdefault(name, {"study": study_summary(name)})  # a study with no --test (fsdd_speakers)
@@ -391,23 +408,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def structure_main(args, results: dict) -> int:
-    """--compare / --length / --budget / --test-shipped on the structural studies (``--structure``)."""
+def structure_main(args, results: dict, kind: str = "structure") -> int:
+    """--compare / --length / --budget / --test-shipped on the structural studies (``--structure``) or the remaining
+    settings' (``--remaining``)."""
     if args.test:
         raise SystemExit("--structure: a structural study's trials are never tested; its winner is read once by --test-shipped")
     if args.compare:
         name, run_a, run_b = args.compare
-        st = results.setdefault(name, {}).setdefault("structure", {})
+        st = results.setdefault(name, {}).setdefault(kind, {})
         if "test" in st.get("full_length", {}):
             raise SystemExit(f"{name}: the shipped recipe's test split was read already; the structural comparison stays as stored in {RESULTS}")
-        st["study"] = study_summary(name, "structure")
-        st["full_length"] = compare(name, Path(run_a), Path(run_b), "structure")
+        st["study"] = study_summary(name, kind)
+        st["full_length"] = compare(name, Path(run_a), Path(run_b), kind)
         print(json.dumps({name: st}), flush=True)
         RESULTS.write_text(json.dumps(results, indent=1))
     if args.best_is_recipe:
         name = args.best_is_recipe
-        st = results.setdefault(name, {}).setdefault("structure", {})
-        st["study"] = study_summary(name, "structure")
+        st = results.setdefault(name, {}).setdefault(kind, {})
+        st["study"] = study_summary(name, kind)
         recipe = yaml.safe_load((ROOT / "recipes" / f"{name}.yaml").read_text())
         differ = {k: v for k, v in st["study"]["best_params"].items() if not same(dotted(recipe, k), v)}
         if differ:
@@ -417,16 +435,16 @@ def structure_main(args, results: dict) -> int:
         print(json.dumps({name: st}), flush=True)
         RESULTS.write_text(json.dumps(results, indent=1))
     for name, text in args.length:
-        results[name]["structure"]["full_length"]["length"] = text
+        results[name][kind]["full_length"]["length"] = text
         RESULTS.write_text(json.dumps(results, indent=1))
     for name, text in args.budget:
-        st = results.setdefault(name, {}).setdefault("structure", {})
-        st.setdefault("study", study_summary(name, "structure"))
+        st = results.setdefault(name, {}).setdefault(kind, {})
+        st.setdefault("study", study_summary(name, kind))
         st["budget"] = text
         RESULTS.write_text(json.dumps(results, indent=1))
     if args.test_shipped:
         name = args.test_shipped
-        full = results[name].get("structure", {}).get("full_length")
+        full = results[name].get(kind, {}).get("full_length")
         if not full:
             raise SystemExit(f"{name}: no structural full-length comparison stored; expected --structure --compare first")
         if "test" in full:
@@ -446,13 +464,16 @@ def write_doc(args, results: dict) -> None:
     """Print the tables; with --update-doc, write them into BENCHMARKS.md's recipe-selection section."""
     full = full_table(results)
     structure = structure_table(results)
-    print(table(results) + "\n\n" + full + "\n\n" + structure)
+    remaining = structure_table(results, "remaining")
+    print(table(results) + "\n\n" + full + "\n\n" + structure + "\n\n" + remaining)
     if args.update_doc:
         machines = [f"{name} (study's best trial): {r['machine'].removeprefix('Machine: ').rstrip('.')}" for name, r in results.items() if "machine" in r]
         machines += [f"{name} (shipped recipe): {r['full_length']['machine'].removeprefix('Machine: ').rstrip('.')}"
                      for name, r in results.items() if "test" in r.get("full_length", {})]
         machines += [f"{name} (shipped recipe, structure re-selected): {r['structure']['full_length']['machine'].removeprefix('Machine: ').rstrip('.')}"
                      for name, r in results.items() if "test" in r.get("structure", {}).get("full_length", {})]
+        machines += [f"{name} (shipped recipe, remaining settings re-selected): {r['remaining']['full_length']['machine'].removeprefix('Machine: ').rstrip('.')}"
+                     for name, r in results.items() if "test" in r.get("remaining", {}).get("full_length", {})]
         machine = "Machine (each test run's): " + "; ".join(machines) + "."
         note = ("Studies: each recipe's searched settings by `mmte tune` on its validation split only (the study's command heads its "
                 "space file) under the per-trial budget in the table, the budget a compute limit of 2 shared cores and not a chosen "
@@ -483,14 +504,15 @@ def write_doc(args, results: dict) -> None:
                 commands.append(f"python bench/recipe_selection.py --compare {name} {f['runs']['A']['run']} {f['runs']['B']['run']}")
                 if "test" in f:
                     commands.append(f"python bench/recipe_selection.py --test-shipped {name}")
-        for name, r in results.items():
-            if r.get("structure", {}).get("best_is_recipe"):
-                commands.append(f"python bench/recipe_selection.py --best-is-recipe {name}")
-            f = r.get("structure", {}).get("full_length")
-            if f:
-                commands.append(f"python bench/recipe_selection.py --structure --compare {name} {f['runs']['A']['run']} {f['runs']['B']['run']}")
-                if "test" in f:
-                    commands.append(f"python bench/recipe_selection.py --structure --test-shipped {name}")
+        for kind in ("structure", "remaining"):
+            for name, r in results.items():
+                if r.get(kind, {}).get("best_is_recipe"):
+                    commands.append(f"python bench/recipe_selection.py --{kind} --best-is-recipe {name}")
+                f = r.get(kind, {}).get("full_length")
+                if f:
+                    commands.append(f"python bench/recipe_selection.py --{kind} --compare {name} {f['runs']['A']['run']} {f['runs']['B']['run']}")
+                    if "test" in f:
+                        commands.append(f"python bench/recipe_selection.py --{kind} --test-shipped {name}")
         commands.append("python bench/recipe_selection.py --update-doc")
         body = "Studies:\n\n" + table(results) + ("\n\nFull length, chosen on validation:\n\n" + full if full.count("\n") > 1 else "")
         if structure.count("\n") > 1:
@@ -501,7 +523,7 @@ def write_doc(args, results: dict) -> None:
                      "trial tested; then the recipe as it was (A, the values the tables above ship) and the study's best trial (B) "
                      "trained at the recipe's full length and were compared on their best validation value. B ships only when it is "
                      "better (a tie keeps A), and only then is the test split read again, once, on B's run. Settings a structural "
-                     "study did not cover are named in each recipe's comment as not re-selected.")
+                     "study did not cover: the remaining settings (below, where run) and each recipe's comment.")
             if "structure" in results.get("fsdd_speakers", {}):
                 note += (" `recipes/fsdd_speakers.yaml`'s structural study and full-length runs validate on the speaker nicolas "
                          "(theo, the recipe's validation speaker, scored 0.996 for both candidates of the first study) and train "
@@ -509,6 +531,20 @@ def write_doc(args, results: dict) -> None:
                          "recipe's, against 15) with the study's best structure, which was the recipe's own. Its george figure "
                          "therefore comes from a model trained on other speakers than the first table's (jackson, nicolas, "
                          "yweweler), as do the baselines beside it: not the same protocol.")
+        if remaining.count("\n") > 1:
+            body += "\n\nRemaining settings, chosen on validation:\n\n" + remaining
+            note += ("\n\nRemaining settings (warmup, batch size, the periodic embedding's frequencies, the cycle, the crop, the "
+                     "trunk's adaptation, ...), which the first two studies had left as chosen on the test split: a third study per "
+                     "recipe on validation only (the command heads `recipes/tune/<recipe>.remaining.space.yaml`; its per-trial budget "
+                     "a compute limit), no trial tested, then the same full-length A/B on validation where the study's best differs "
+                     "from the recipe (a tie keeps A; the test split is read again, once, only when B wins). Not in this table, in each "
+                     "recipe's comment and `docs/experiments/2026-12-07-remaining-settings.md`: settings a short trial cannot rank, "
+                     "compared at full length instead (`etth1_forecast`'s epochs: its row's B is the best of 2, 6 and 8 epochs "
+                     "against the recipe's 4, the study's best being the recipe's own cycle and batch size; `fsdd_speakers`' "
+                     "pretrained trunk against a small trunk from scratch), or checked rather than selected (`diamonds_tabular`'s "
+                     "early-stopping patience, against its full-length validation curves); and settings that are not choices "
+                     "(`etth1_forecast`'s input_len and horizon 96, the benchmark's protocol; max_patches, a bound that does not "
+                     "change training).")
         _doc.update_doc("recipe-selection", body + "\n\n" + note, "; ".join(commands), args.update_doc, machine=machine,
                         title="Recipe selection on validation (`bench/recipe_selection.py`)")
 
