@@ -19,6 +19,14 @@ alone, so only the one that fails gets an error.
 waiting: with ``batch_timeout`` 0 it blocks for the first request, then takes every request that
 arrived meanwhile (up to ``max_batch_size``), so one request alone is answered at once and requests
 that arrive while a batch runs form the next batch; ``batch_timeout`` > 0 waits that long for more.
+Under load (the previous batch held more than one request and the next one arrived within the gap of
+the worker asking for it) it also lingers: after what is queued it takes requests as long as each
+arrives within a short gap (:attr:`GreedyBatchLoop.linger` of the previous batch's time, at most
+:attr:`~GreedyBatchLoop.max_gap` seconds). The clients a batch answered
+send their next requests over the next milliseconds, while the API process parses them; without the gap
+the worker starts on the first few and the rest form more small batches, each paying a whole forward's
+fixed cost (measured on the fsdd_speakers server at concurrency 32: about a fifth more throughput with
+the gap). A lone request (concurrency 1) never waits.
 """
 
 from __future__ import annotations
@@ -178,16 +186,35 @@ class GreedyBatchLoop(BatchedLoop):
     """
 
     _stopping = False
+    linger = 0.05  #: the gap as a fraction of the previous batch's time (from taking it to asking for the next)
+    max_gap = 0.01  #: the longest gap, seconds
+    _last_size = 0
+    _last_taken = 0.0
+
+    def _gap(self, lit_api: ls.LitAPI, busy: float) -> float:
+        """Seconds to wait for each further request of this batch (0: take only what is queued), given the seconds
+        the previous batch took."""
+        if self._last_size <= 1 or lit_api.batch_timeout > 0:
+            return 0.0
+        return min(self.max_gap, self.linger * busy)
+
+    def _taken(self, payloads: list) -> None:
+        self._last_size, self._last_taken = len(payloads), time.monotonic()
 
     def get_batch_requests(self, lit_api: ls.LitAPI, request_queue: Any, transport: Any) -> tuple[list, list]:
         payloads: list = []
         timed_out: list = []
         if self._stopping:
             raise _StopLoopError()
+        asked = time.monotonic()
         try:
             first = request_queue.get(timeout=1.0)  # blocks (no spinning) until a request or the stop sentinel
         except Empty:
             return payloads, timed_out
+        # under load: the first request came within a gap of asking (the clients of the last batch are sending again)
+        gap = self._gap(lit_api, asked - self._last_taken)
+        if time.monotonic() - asked > max(gap, 1e-3):
+            gap = 0.0
         deadline = time.monotonic() + lit_api.batch_timeout
         limit = lit_api.request_timeout not in (-1, False)
         item = first
@@ -203,9 +230,11 @@ class GreedyBatchLoop(BatchedLoop):
             else:
                 payloads.append((response_queue_id, uid, x_enc))
             if len(payloads) >= lit_api.max_batch_size:
+                self._taken(payloads)
                 return payloads, timed_out
             try:
-                left = deadline - time.monotonic()
+                left = max(deadline - time.monotonic(), gap)
                 item = request_queue.get(timeout=left) if left > 0 else request_queue.get_nowait()
             except Empty:
+                self._taken(payloads)
                 return payloads, timed_out
