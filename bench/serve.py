@@ -10,8 +10,9 @@ each concurrency (1, 8, 32: keep-alive connections, each sending its next reques
 ``--cell-seconds`` seconds, whichever ends first. Reported: throughput (answers per second) and the
 p50 / p99 latency of one request as the client sees it, and the server's CPU time a request (every
 process of it, from ``/proc``: less sensitive than latency to other jobs on the machine). The floor: the
-in-process latency of the inference copy (``model.inference()``) on one preprocessed item, in the same
-process as no server. Beside it, not part of it: the in-process preprocessing of one request
+in-process latency of the inference copy (``model.inference()``) on one preprocessed item, in the bench's
+process with no server running, measured before the servers and again right after the inference server's cells (the
+median of both: the machine's speed drifts over minutes). Beside it, not part of it: the in-process preprocessing of one request
 (``spec.decode``: for a WAV the read, resampling and log-mel), which the server does per request too.
 
 The load check (the quickstart served in fp32, ``32-true``): ``--load-requests`` requests at concurrency 32 with 1%
@@ -47,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,9 +123,12 @@ def _jobs(name: str, root: Path, fsdd: Path) -> list[Job]:
     return [Job(*multipart("audio", w.name, w.read_bytes()), tag=w.name) for w in wavs]
 
 
-def floor_ms(model: dict, reps: int) -> tuple[float, float]:
-    """Median ms of the inference copy on one preprocessed item, in this process (no server), and median ms of
-    the preprocessing of one request (decoded as the server decodes it)."""
+def floor_probe(model: dict, reps: int) -> tuple[Callable[[], list[float]], float]:
+    """The floor's measurement and the preprocessing time: a function returning ``reps`` timings (ms) of the inference copy
+    on one preprocessed item, in this process (no server), and the median ms of the preprocessing of one request (decoded
+    as the server decodes it). The bench calls the function before the servers and again right after the inference
+    server's cells, and takes the median of both: the machine's speed drifts over minutes, and the floor is compared with
+    the concurrency-1 latency measured between the two."""
     import torch
 
     from mmte.cli.serve import served_model
@@ -139,21 +144,26 @@ def floor_ms(model: dict, reps: int) -> tuple[float, float]:
     batch = served.spec.collate(samples)
     infer = served.module.inference_model
     ctx = served.step_context or contextlib.nullcontext
-    times, pre = [], []
-    with torch.inference_mode(), ctx():
-        for _ in range(max(10, reps // 10)):
-            infer(batch)
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            infer(batch)
-            times.append((time.perf_counter() - t0) * 1e3)
+
+    def measure() -> list[float]:
+        times = []
+        with torch.inference_mode(), ctx():
+            for _ in range(max(10, reps // 10)):
+                infer(batch)
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                infer(batch)
+                times.append((time.perf_counter() - t0) * 1e3)
+        return times
+
+    pre = []
     for _ in range(reps):
         one = json.loads(job.body) if model["name"] == "quickstart" else {"audio": _FileField(job)}
         t0 = time.perf_counter()
         with _one_thread():
             served.spec.decode(one)
         pre.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), statistics.median(pre[len(pre) // 10:])
+    return measure, statistics.median(pre[len(pre) // 10:])
 
 
 class _FileField:
@@ -206,9 +216,10 @@ def cell(port: int, jobs: list[Job], concurrency: int, requests: int, seconds: f
 
 
 def bench_model(model: dict, args: argparse.Namespace) -> dict:
-    floor, pre = floor_ms(model, args.floor_reps)
-    out = {"floor_ms": floor, "preprocess_ms": pre, "cells": {}, "onnx_error": model["onnx_error"]}
-    print(f"# {model['name']}: in-process floor {floor:.2f} ms (preprocessing of one request, not in it: {pre:.2f} ms)", flush=True)
+    measure, pre = floor_probe(model, args.floor_reps)
+    floors = measure()
+    out = {"floor_ms": statistics.median(floors), "preprocess_ms": pre, "cells": {}, "onnx_error": model["onnx_error"]}
+    print(f"# {model['name']}: in-process floor {out['floor_ms']:.2f} ms (preprocessing of one request, not in it: {pre:.2f} ms)", flush=True)
     for rt in args.runtimes:
         if rt == "onnx" and model["onnx"] is None:
             continue
@@ -220,6 +231,11 @@ def bench_model(model: dict, args: argparse.Namespace) -> dict:
                 out["cells"][f"{rt}/{c}"] = r
                 print(f"  {rt:9s} c={c:2d}: {r['throughput']:7.1f} req/s  p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms"
                       f"  server CPU {r['server_cpu_ms']:5.2f} ms/request  ({r['answered']} answered, {r['errors']} errors)", flush=True)
+        if rt == "inference":
+            after = measure()
+            out["floor_ms"] = statistics.median(floors + after)
+            print(f"# {model['name']}: in-process floor after the inference server {statistics.median(after):.2f} ms; "
+                  f"both: {out['floor_ms']:.2f} ms", flush=True)
     return out
 
 
@@ -315,7 +331,7 @@ def doc(results: dict) -> str:
         workers = results.get("workers", 1)
         lines.append(f"**{name}** ({results['requests']} requests or {results['cell_seconds']:.0f} s a cell; every server with {workers} inference "
                      f"worker{'s' if workers != 1 else ''}; in-process floor, "
-                     f"one item through the inference copy: {r['floor_ms']:.2f} ms{pre})\n")
+                     f"one item through the inference copy, measured before the servers and after the inference server: {r['floor_ms']:.2f} ms{pre})\n")
         if r.get("onnx_error"):
             lines.append(f"No onnxruntime column: `mmte export` cannot trace this model ({r['onnx_error']}).\n")
         one, many = r["cells"].get("inference/1"), r["cells"].get("inference/32")
