@@ -19,7 +19,9 @@ The load check (the quickstart served in fp32, ``32-true``): ``--load-requests``
 malformed ones of six kinds mixed in; counted: good answers equal to ``mmte predict``'s (class, and
 probability within 1e-5), bad ones answered 4xx with an ``{"error"}`` line, 5xx
 (expected 0); the server's resident memory (every process of it, ``/proc/<pid>/status`` VmRSS) after
-the warm-up and at the end. Then a second load with SIGTERM sent in its middle: requests sent before
+500 requests, after the warm-up (2,000 requests: the batch sizes a concurrency of 32 forms, each with its own
+allocations and oneDNN primitives, keep appearing over the first few thousand requests), half-way and at the end;
+growth after the warm-up, and above all in the second half, is what a leak would show. Then a second load with SIGTERM sent in its middle: requests sent before
 the signal that were answered, lost, or 5xx; the exit status and the seconds to exit.
 
 Usage::
@@ -262,11 +264,17 @@ def load_check(model: dict, args: argparse.Namespace) -> dict:
     res: dict = {}
     with server(model, "inference", root / "serve-load.log", *FP32) as (proc, port):
         tol = FP32_TOL
-        run_load(port, _mixed(known, 500), 32, time_limit=120)  # warm-up
+        warm = _mixed(known, 2000)
+        run_load(port, warm[:500], 32, time_limit=120)
+        res["rss_after_500_mb"] = rss_mb(proc.pid)
+        run_load(port, warm[500:], 32, time_limit=240)  # warm-up
         res["rss_after_warmup_mb"] = rss_mb(proc.pid)
         jobs = _mixed(known, args.load_requests)
+        half = len(jobs) // 2
         t0 = time.perf_counter()
-        got = run_load(port, jobs, 32, time_limit=args.load_seconds)
+        got = run_load(port, jobs[:half], 32, time_limit=args.load_seconds)
+        res["rss_half_mb"] = rss_mb(proc.pid)
+        got += run_load(port, jobs[half:], 32, time_limit=max(1.0, args.load_seconds - (time.perf_counter() - t0)))
         res["seconds"] = time.perf_counter() - t0
         res["rss_end_mb"] = rss_mb(proc.pid)
         good = [(j, a) for j, a in zip(jobs, got) if j.tag is not None]
@@ -353,8 +361,10 @@ def doc(results: dict) -> str:
             ["malformed answered 4xx with an error line", f"{ld['bad_4xx_with_message']} / {ld['bad']}"],
             ["5xx / connection errors", f"{ld['status_5xx']} / {ld['connection_errors']}"],
             ["seconds (req/s)", f"{ld['seconds']:.1f} ({ld['sent'] / ld['seconds']:.0f})"],
-            ["server RSS after warm-up -> end (all its processes)", (f"{ld['rss_after_warmup_mb']:.0f} -> {ld['rss_end_mb']:.0f} MiB "
-                                                                      f"({ld['rss_end_mb'] - ld['rss_after_warmup_mb']:+.1f})")],
+            ["server RSS after 500 requests -> after the 2,000-request warm-up -> half-way -> end (all its processes)",
+             (f"{ld.get('rss_after_500_mb', float('nan')):.0f} -> {ld['rss_after_warmup_mb']:.0f} -> {ld.get('rss_half_mb', float('nan')):.0f} -> "
+              f"{ld['rss_end_mb']:.0f} MiB (after warm-up {ld['rss_end_mb'] - ld['rss_after_warmup_mb']:+.1f}, second half "
+              f"{ld['rss_end_mb'] - ld.get('rss_half_mb', float('nan')):+.1f})")],
             ["SIGTERM mid-load: sent before it, answered / lost", (f"{ld['sigterm_sent_before']}: {ld['sigterm_answered_before']} / "
                                                                 f"{ld['sigterm_lost_before']}")],
             ["SIGTERM: exit status, seconds to exit, 5xx, refused after", (f"{ld['exit_status']}, {ld['exit_seconds']:.1f} s, "

@@ -154,9 +154,14 @@ class SpeechEmbedding(nn.Module):
                                      f"{None if src is None else tuple(src.shape)} from {path or default_weights_path()}")
                 buf.copy_(src)
 
-    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def check_input(mel: torch.Tensor) -> None:
+        """Raise ValueError unless ``mel`` is a log-mel ``[B, T >= 76, 32]``."""
         if mel.dim() != 3 or mel.shape[-1] != 32 or mel.shape[1] < WINDOW:
             raise ValueError(f"speech embedding expects a log-mel [B, T >= {WINDOW}, 32]; got shape {tuple(mel.shape)}")
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        self.check_input(mel)
         dt = self.w0.dtype if not torch.is_autocast_enabled(mel.device.type) else torch.get_autocast_dtype(mel.device.type)
         x = F.pad(mel.to(dt), (1, 1))[:, None]  # [B, 1, T, 34]
         i = 0
