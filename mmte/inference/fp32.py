@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..tokenizers.speech_embedding import _LAST, _LAYOUT, SpeechEmbedding
+from ..tokenizers.speech_embedding import SpeechEmbedding
 
 __all__ = ["KEPT_FP32", "Fp32SpeechEmbedding", "keep_fp32", "release_fp32"]
 
@@ -40,18 +40,16 @@ class Fp32SpeechEmbedding(SpeechEmbedding):
         self.check_input(mel)
         with torch.autocast(mel.device.type, enabled=False):
             x = F.pad(mel.float(), (1, 1))[:, None].contiguous(memory_format=torch.channels_last)  # [B, 1, T, 34], NHWC
-            i = 0
-            for out, k in _LAYOUT:
-                if out == "P":
-                    x = F.max_pool2d(x, k, k)
+            for op in self.stack():
+                if op[0] == "pool":
+                    x = F.max_pool2d(x, op[1], op[1])
                     continue
-                b = getattr(self, f"b{i}") if 0 < i < _LAST else None
-                x = F.conv2d(x, getattr(self, f"w{i}"), b, padding=(0, 1) if k == (1, 3) else 0)
-                if i == 0:
+                _, w, b, padding, first, last = op
+                x = F.conv2d(x, w, b, padding=padding)
+                if first:
                     x = torch.addcmul(self.bn_shift[:, None, None], F.relu_(x), self.bn_scale[:, None, None])
-                if i < _LAST:
+                if not last:
                     x = F.leaky_relu_(x, 0.2).clamp_min_(-0.4)
-                i += 1
             return x[:, :, :, 0].transpose(1, 2).to(mel.dtype)
 
 

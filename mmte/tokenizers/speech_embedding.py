@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -160,21 +161,33 @@ class SpeechEmbedding(nn.Module):
         if mel.dim() != 3 or mel.shape[-1] != 32 or mel.shape[1] < WINDOW:
             raise ValueError(f"speech embedding expects a log-mel [B, T >= {WINDOW}, 32]; got shape {tuple(mel.shape)}")
 
+    def stack(self) -> Iterator[tuple]:
+        """The network in order, as it maps onto this module's buffers: ``("pool", kernel)`` for a max pool
+        (stride = kernel), ``("conv", weight, bias or None, padding, first, last)`` for a convolution (``first``:
+        the one followed by ReLU and the batch norm's scale and shift; every convolution but the ``last`` is
+        followed by LeakyReLU(0.2) and a floor at -0.4). Shared by :meth:`forward` and the inference copy's variant
+        (:class:`mmte.inference.Fp32SpeechEmbedding`)."""
+        i = 0
+        for out, k in _LAYOUT:
+            if out == "P":
+                yield "pool", k
+                continue
+            yield ("conv", getattr(self, f"w{i}"), getattr(self, f"b{i}") if 0 < i < _LAST else None,
+                   (0, 1) if k == (1, 3) else 0, i == 0, i == _LAST)
+            i += 1
+
     def forward(self, mel: torch.Tensor) -> torch.Tensor:
         self.check_input(mel)
         dt = self.w0.dtype if not torch.is_autocast_enabled(mel.device.type) else torch.get_autocast_dtype(mel.device.type)
         x = F.pad(mel.to(dt), (1, 1))[:, None]  # [B, 1, T, 34]
-        i = 0
-        for out, k in _LAYOUT:
-            if out == "P":
-                x = F.max_pool2d(x, k, k)
+        for op in self.stack():
+            if op[0] == "pool":
+                x = F.max_pool2d(x, op[1], op[1])
                 continue
-            w = getattr(self, f"w{i}").to(x.dtype)
-            b = getattr(self, f"b{i}").to(x.dtype) if 0 < i < _LAST else None
-            x = F.conv2d(x, w, b, padding=(0, 1) if k == (1, 3) else 0)
-            if i == 0:
+            _, w, b, padding, first, last = op
+            x = F.conv2d(x, w.to(x.dtype), None if b is None else b.to(x.dtype), padding=padding)
+            if first:
                 x = F.relu(x) * self.bn_scale.to(x.dtype)[:, None, None] + self.bn_shift.to(x.dtype)[:, None, None]
-            if i < _LAST:
+            if not last:
                 x = F.leaky_relu(x, 0.2).clamp_min(-0.4)
-            i += 1
         return x[:, :, :, 0].transpose(1, 2)  # [B, 96, T', 1] -> [B, T', 96]
